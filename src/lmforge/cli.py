@@ -1,0 +1,82 @@
+"""The ``lmforge`` command line: one table from command name to (help, arguments, run function)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from lmforge import __version__
+from lmforge.commands import tokenizer as tok_cmd
+from lmforge.errors import LmforgeError
+
+Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
+
+# Command path -> (help, add_arguments, run). Nested commands use a space: "tokenizer train".
+COMMANDS: dict[str, Command] = {
+    "tokenizer train": ("learn a WordPiece vocabulary from text files", tok_cmd.add_train_arguments,
+                        tok_cmd.run_train),
+    "tokenizer encode": ("encode text lines into ids, segment ids and offsets (JSONL)",
+                         tok_cmd.add_encode_arguments, tok_cmd.run_encode),
+}
+
+GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmforge", description="From attention to transfer learning.")
+    parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only print warnings and errors")
+    top = parser.add_subparsers(dest="command", metavar="COMMAND")
+    top.required = True
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for name, (help_text, add_arguments, run) in COMMANDS.items():
+        parts = name.split()
+        if len(parts) == 1:
+            sub = top.add_parser(parts[0], help=help_text, description=help_text)
+        else:
+            group, leaf = parts
+            if group not in groups:
+                gp = top.add_parser(group, help=GROUP_HELP.get(group), description=GROUP_HELP.get(group))
+                groups[group] = gp.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+                groups[group].required = True
+            sub = groups[group].add_parser(leaf, help=help_text, description=help_text)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"lmforge: {level}{record.getMessage()}"
+
+
+def setup_logging(quiet: bool = False) -> None:
+    logger = logging.getLogger("lmforge")
+    if not any(getattr(h, "_lmforge", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_Formatter())
+        handler._lmforge = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.quiet)
+    try:
+        return args.run(args)
+    except LmforgeError as err:
+        print(f"lmforge: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lmforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Implementations of the ``lmforge`` commands; ``lmforge.cli`` holds the table that names them."""
