@@ -229,7 +229,7 @@ class WordPieceTrainer:
         self.report.update(merges=len(self.merges), vocab_size=len(vocab), stopped=stop_reason)
         if len(vocab) < target:
             log.warning("the corpus supports only %d tokens (asked for %d): %s; the vocabulary is smaller",
-                        len(vocab), target, "every word is a single unit" if not pair_count
+                        len(vocab), target, "every word is already a single unit" if not pair_count
                         else f"remaining pairs occur fewer than min_frequency={self.min_frequency} times")
 
     @staticmethod

@@ -214,7 +214,7 @@ class WordPieceTokenizer:
         offsets: list[Span] = []
         words: list[int] = []
         n_words = 0
-        pattern = self.basic.pattern
+        finditer, cache, entry = self.basic.pattern.finditer, self._cache, self._entry
         for start, end, special in self._segments(text) if text else ():
             if special:
                 ids.append(self.vocab[text[start:end]])
@@ -222,14 +222,19 @@ class WordPieceTokenizer:
                 words.append(n_words)
                 n_words += 1
                 continue
-            for m in pattern.finditer(text, start, end):
-                e_ids, e_offs, e_words, e_n = self._entry(m.group())
-                if not e_n:
-                    continue
+            for m in finditer(text, start, end):
+                raw = m.group()
+                e_ids, e_offs, e_words, e_n = cache.get(raw) or entry(raw)
                 base = m.start()
-                ids.extend(e_ids)
-                offsets.extend([(base + s, base + t) for s, t in e_offs])
-                words.extend([n_words + w for w in e_words])
+                if len(e_ids) == 1:  # most words are one piece
+                    ids.append(e_ids[0])
+                    s, t = e_offs[0]
+                    offsets.append((base + s, base + t))
+                    words.append(n_words)
+                elif e_n:
+                    ids.extend(e_ids)
+                    offsets.extend([(base + s, base + t) for s, t in e_offs])
+                    words.extend([n_words + w for w in e_words] if e_n > 1 else [n_words] * len(e_ids))
                 n_words += e_n
         return ids, offsets, words
 
