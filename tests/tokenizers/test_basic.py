@@ -62,3 +62,11 @@ def test_offsets_cover_normalised_words(text):
     for word, start, end in words:
         assert word and previous_end <= start < end <= len(text)
         previous_end = end
+
+
+def test_astral_cjk_and_punctuation_are_isolated():
+    # U+20000 (CJK Extension B) and U+10100 (AEGEAN WORD SEPARATOR LINE, Po) lie outside the BMP
+    bt = BasicTokenizer()
+    assert bt.tokenize("ab\U00020000cd") == ["ab", "\U00020000", "cd"]
+    assert bt.tokenize("ab\U00010100cd") == ["ab", "\U00010100", "cd"]
+    assert [(s, e) for _, s, e in bt.tokenize_with_offsets("ab\U00020000cd")] == [(0, 2), (2, 3), (3, 5)]

@@ -81,3 +81,20 @@ def test_our_trained_vocab_loads_in_transformers(tmp_path, bbc_texts):
     ours = tok(lines)["input_ids"]
     assert from_dir(lines)["input_ids"] == ours
     assert from_vocab(lines)["input_ids"] == ours
+
+
+TRICKY = [
+    "Héllo, Wörld! Ça va? naïve café façade", "e\u0301 combining accent", "tab\there\nnew line\r\nCRLF",
+    "zero\u200bwidth soft\u00adhyphen \x00nul \ufffdreplacement", "nbsp\u00a0and\u2003em\u2028sep",
+    "中文字符 mixed with English and 日本語", "emoji 😀 and 🙂!", "[MASK] in text, [CLS][SEP] glued",
+    "unbelievably-long-hyphenated-word's end...", "ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ", "Ǆ ǅ ǆ ß ẞ İstanbul ΣΑΣ",
+    "x" * 150 + " after a very long word", "   ", "", "a\u1fefb greek varia", "$1.13bn (£600m) 76%",
+    "\U00020000\U00020001 astral CJK", "Ελληνικά κείμενα και Русский текст", "טקסט בעברית ועربي",
+]
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_tricky_strings_match(pair, text):
+    ours, ref = pair
+    assert _compare(ours, ref, [text]) == []
+    assert _compare(ours, ref, [text], [text[::-1]], truncation=True, max_length=12) == []

@@ -87,11 +87,17 @@ def _punctuation_codepoints() -> tuple[int, ...]:
 @lru_cache(maxsize=2)
 def word_pattern(tokenize_chinese_chars: bool = True) -> re.Pattern[str]:
     """Regex whose matches are the raw words of a text: one isolated character (punctuation, and CJK when
-    enabled) or a maximal run of other non-white-space characters."""
+    enabled) or a maximal run of other non-white-space characters.
+
+    Only characters of the Basic Multilingual Plane are isolated here: a character class made only of BMP
+    code points compiles to a constant-time bitmap, while one astral code point turns it into a linear
+    list of ranges (about 9x slower on English text). ``BasicTokenizer.analyze`` splits off the few astral
+    punctuation and CJK characters (U+10100..., U+20000...) instead.
+    """
     isolated = list(_punctuation_codepoints())
     if tokenize_chinese_chars:
         isolated += [cp for lo, hi in CJK_RANGES for cp in range(lo, hi + 1)]
-    iso = _ranges_to_class(sorted(set(isolated)))
+    iso = _ranges_to_class(sorted({cp for cp in isolated if cp <= 0xFFFF}))
     ws = re.escape(WHITESPACE)
     return re.compile(f"[{iso}]|[^{iso}{ws}]+")
 
@@ -143,34 +149,36 @@ class BasicTokenizer:
             # Fast path for the common case: one word, one original character per normalised character.
             word = raw.lower() if self.lowercase else raw
             return [(word, [(i, i + 1) for i in range(len(raw))])]
-        chars: list[str] = []
-        align: list[tuple[int, int]] = []
-        pos = 0
-        for ch in raw:
-            # Offsets are in Python characters (code points), like the Python API of tokenizers.
-            for out_ch in self.normalize_char(ch):
+        # Groups of normalised characters with their original spans; an astral isolated character (which
+        # the regex leaves inside raw words) forms a group of its own.
+        groups: list[tuple[list[str], list[tuple[int, int]]]] = [([], [])]
+        for pos, ch in enumerate(raw):  # offsets are in code points, like the Python API of tokenizers
+            out = self.normalize_char(ch)
+            if ord(ch) > 0xFFFF and (is_punctuation(ch) or (self.tokenize_chinese_chars and is_cjk(ch))):
+                groups.append((list(out), [(pos, pos + 1)] * len(out)))
+                groups.append(([], []))
+                continue
+            chars, align = groups[-1]
+            for out_ch in out:
                 chars.append(out_ch)
                 align.append((pos, pos + 1))
-            pos += 1
         # Re-split: normalisation can yield white space or punctuation (rare; see the module docstring).
         words: list[tuple[str, list[tuple[int, int]]]] = []
-        cur: list[str] = []
-        cur_align: list[tuple[int, int]] = []
-        for ch, span in zip(chars, align, strict=True):
-            if ch in WHITESPACE:
-                if cur:
-                    words.append(("".join(cur), cur_align))
-                cur, cur_align = [], []
-            elif is_punctuation(ch):
-                if cur:
-                    words.append(("".join(cur), cur_align))
-                words.append((ch, [span]))
-                cur, cur_align = [], []
-            else:
-                cur.append(ch)
-                cur_align.append(span)
-        if cur:
-            words.append(("".join(cur), cur_align))
+        for chars, align in groups:
+            cur: list[str] = []
+            cur_align: list[tuple[int, int]] = []
+            for ch, span in zip(chars, align, strict=True):
+                if ch in WHITESPACE or is_punctuation(ch):
+                    if cur:
+                        words.append(("".join(cur), cur_align))
+                    if ch not in WHITESPACE:
+                        words.append((ch, [span]))
+                    cur, cur_align = [], []
+                else:
+                    cur.append(ch)
+                    cur_align.append(span)
+            if cur:
+                words.append(("".join(cur), cur_align))
         return words
 
     def tokenize(self, text: str) -> list[str]:

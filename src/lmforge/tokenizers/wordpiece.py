@@ -19,6 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,7 @@ class WordPieceTokenizer:
         alternatives = sorted(self.special_tokens, key=len, reverse=True)
         self._special_re = re.compile("|".join(map(re.escape, alternatives)))
         self._cache: dict[str, _Entry] = {}
+        self._ids_cache: dict[str, tuple[int, ...]] = {}  # raw word -> piece ids, for encode_ids
         self.cache_size = 200_000
 
     # ------------------------------------------------------------------ properties
@@ -175,7 +177,9 @@ class WordPieceTokenizer:
         entry = (tuple(ids), tuple(offsets), tuple(words), len(analyzed))
         if len(self._cache) >= self.cache_size:
             self._cache.clear()  # bounded memory; the common words come straight back
+            self._ids_cache.clear()
         self._cache[raw] = entry
+        self._ids_cache[raw] = entry[0]
         return entry
 
     # ------------------------------------------------------------------ text level
@@ -192,21 +196,23 @@ class WordPieceTokenizer:
         return out
 
     def encode_ids(self, text: str) -> list[int]:
-        """Piece ids of one text, without special tokens (the fastest path)."""
-        ids: list[int] = []
-        extend, cache, entry = ids.extend, self._cache, self._entry
+        """Piece ids of one text, without special tokens (the fastest path: regex, then C-level look-ups)."""
         if self._special_re.search(text) is None:
-            for raw in self.basic.pattern.findall(text):
-                e = cache.get(raw)
-                extend((e or entry(raw))[0])
-            return ids
+            return self._ids_of_raw_words(self.basic.pattern.findall(text))
+        ids: list[int] = []
         for start, end, special in self._segments(text):
             if special:
                 ids.append(self.vocab[text[start:end]])
             else:
-                for raw in self.basic.pattern.findall(text, start, end):
-                    extend(entry(raw)[0])
+                ids.extend(self._ids_of_raw_words(self.basic.pattern.findall(text, start, end)))
         return ids
+
+    def _ids_of_raw_words(self, raws: list[str]) -> list[int]:
+        lookup = self._ids_cache.__getitem__
+        try:
+            return list(chain.from_iterable(map(lookup, raws)))
+        except KeyError:
+            return [i for raw in raws for i in self._entry(raw)[0]]  # fills the cache for next time
 
     def encode_text(self, text: str) -> tuple[list[int], list[Span], list[int]]:
         """Piece ids, character offsets and word indices of one text, without special tokens."""
