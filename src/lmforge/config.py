@@ -1,0 +1,246 @@
+"""Typed configuration: dataclasses that validate themselves, strict TOML loading, dotted overrides, presets.
+
+Every run and every checkpoint stores its resolved configuration as plain JSON (``to_dict``) and reads it
+back strictly (``from_dict``): an unknown key is an error that lists the valid ones, so a typo never
+silently falls back to a default.
+
+Presets are partial overrides applied to ``ModelConfig``'s defaults; code never branches on a preset's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lmforge.errors import InputFileError, LmforgeError
+
+T = TypeVar("T")
+
+ARCHITECTURES = ("encoder", "decoder", "seq2seq")
+POSITIONALS = ("learned", "sinusoidal", "rotary")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
+KERNELS = ("math", "sdpa")
+
+
+@dataclass
+class ModelConfig:
+    """The shape and options of a Transformer model (BERT encoder, GPT decoder, or encoder-decoder).
+
+    ``d_ff`` defaults to ``4 * d_model``; ``d_head`` is ``d_model // n_heads``. For ``seq2seq``,
+    ``n_layers`` counts encoder layers and ``n_decoder_layers`` decoder layers (default: the same).
+    """
+
+    arch: str = "encoder"
+    vocab_size: int = 30522
+    d_model: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    d_ff: int | None = None
+    max_seq_len: int = 512
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-12
+    positional: str = "learned"
+    type_vocab_size: int = 2
+    tie_embeddings: bool = True
+    n_decoder_layers: int | None = None
+    share_embeddings: bool = True
+    scale_embeddings: bool = False
+    kernel: str = "sdpa"
+    pad_token_id: int = 0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        if self.n_decoder_layers is None and self.arch == "seq2seq":
+            self.n_decoder_layers = self.n_layers
+        self.validate()
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> None:
+        """Raise ``LmforgeError`` naming every offending value."""
+        problems = []
+        for name, choices in (("arch", ARCHITECTURES), ("positional", POSITIONALS),
+                              ("activation", ACTIVATIONS), ("kernel", KERNELS)):
+            if getattr(self, name) not in choices:
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                problems.append(f"{name}={value!r} must be a positive integer")
+        if not problems and self.d_model % self.n_heads:
+            problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose "
+                            f"n_heads among the divisors of {self.d_model}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.positional == "rotary" and self.d_model % self.n_heads == 0 and self.d_head % 2:
+            problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
+        if self.arch == "encoder" and self.type_vocab_size < 1:
+            problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")
+        if not 0 <= self.pad_token_id < max(self.vocab_size, 1):
+            problems.append(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        if problems:
+            raise LmforgeError("invalid model config: " + "; ".join(problems))
+
+
+# Partial overrides of ModelConfig. BERT sizes are those of Google's released BERTs (L, H, A); GPT sizes follow
+# minGPT's small models and GPT-2 small; Transformer sizes follow Vaswani et al. (2017), Table 3.
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-tiny": dict(arch="encoder", n_layers=2, d_model=128, n_heads=2),
+    "bert-mini": dict(arch="encoder", n_layers=4, d_model=256, n_heads=4),
+    "bert-small": dict(arch="encoder", n_layers=4, d_model=512, n_heads=8),
+    "bert-medium": dict(arch="encoder", n_layers=8, d_model=512, n_heads=8),
+    "bert-base": dict(arch="encoder", n_layers=12, d_model=768, n_heads=12),
+    "bert-large": dict(arch="encoder", n_layers=24, d_model=1024, n_heads=16),
+    "gpt-nano": dict(arch="decoder", n_layers=3, d_model=48, n_heads=3, norm_first=True, layer_norm_eps=1e-5,
+                     activation="gelu_tanh", max_seq_len=1024, type_vocab_size=0),
+    "gpt-micro": dict(arch="decoder", n_layers=4, d_model=128, n_heads=4, norm_first=True, layer_norm_eps=1e-5,
+                      activation="gelu_tanh", max_seq_len=1024, type_vocab_size=0),
+    "gpt-mini": dict(arch="decoder", n_layers=6, d_model=192, n_heads=6, norm_first=True, layer_norm_eps=1e-5,
+                     activation="gelu_tanh", max_seq_len=1024, type_vocab_size=0),
+    "gpt2-small": dict(arch="decoder", n_layers=12, d_model=768, n_heads=12, norm_first=True,
+                       layer_norm_eps=1e-5, activation="gelu_tanh", max_seq_len=1024, vocab_size=50257,
+                       type_vocab_size=0),
+    "transformer-base": dict(arch="seq2seq", n_layers=6, n_decoder_layers=6, d_model=512, n_heads=8, d_ff=2048,
+                             positional="sinusoidal", activation="relu", layer_norm_eps=1e-6,
+                             scale_embeddings=True, type_vocab_size=0, max_seq_len=1024),
+    "transformer-big": dict(arch="seq2seq", n_layers=6, n_decoder_layers=6, d_model=1024, n_heads=16,
+                            d_ff=4096, dropout=0.3, positional="sinusoidal", activation="relu",
+                            layer_norm_eps=1e-6, scale_embeddings=True, type_vocab_size=0, max_seq_len=1024),
+}
+
+
+def model_config_from_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A ``ModelConfig`` from a named preset, with keyword overrides (e.g. ``vocab_size``)."""
+    if name not in PRESETS:
+        raise LmforgeError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    values = {**PRESETS[name], **overrides}
+    return from_dict(ModelConfig, values, where=f"preset {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------- generic machinery
+def to_dict(obj: Any) -> dict[str, Any]:
+    """A dataclass (nested ones included) as plain JSON/TOML-ready values."""
+    return dataclasses.asdict(obj)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except LmforgeError as err:
+                errors.append(str(err))
+        raise LmforgeError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise LmforgeError(f"{where}: expected a table of settings, got {value!r}")
+        return from_dict(annotation, value, where=where)
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise LmforgeError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(annotation)[:1] or (Any,)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if annotation is Any:
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise LmforgeError(f"{where}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise LmforgeError(f"{where}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise LmforgeError(f"{where}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise LmforgeError(f"{where}: expected a string, got {value!r}")
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise LmforgeError(f"{where}: expected a table, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
+    """Build dataclass ``cls`` from ``values`` strictly: unknown keys and wrong types are errors."""
+    hints = _field_types(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise LmforgeError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys are "
+                           f"{', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    return cls(**kwargs)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file; errors name the file and the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputFileError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise InputFileError(f"{path}: not valid TOML ({err})") from err
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``section.key=value`` -> (["section", "key"], value); the value is read as TOML, else as a string."""
+    if "=" not in text:
+        raise LmforgeError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().lstrip("-").split(".") if p]
+    if not path:
+        raise LmforgeError(f"override {text!r} has no key before '='")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return path, value
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (a copy); the dataclass check later rejects unknown keys."""
+    out = _deep_copy(values)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise LmforgeError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in values.items()}
