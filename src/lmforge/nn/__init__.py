@@ -1,0 +1,63 @@
+"""Model-agnostic Transformer building blocks: masks, attention, positions, feed-forward, layers.
+
+Flat keyword arguments only (never a config object). Mask conventions: see ``lmforge.nn.masks``.
+"""
+
+from lmforge.nn.attention import (
+    KERNELS,
+    SCORES,
+    AdditiveScore,
+    Attention,
+    AttentionOutput,
+    CosineScore,
+    DotScore,
+    GeneralScore,
+    KVCache,
+    LocationScore,
+    MultiHeadAttention,
+    ScaledDotScore,
+    attention_weights,
+    make_score,
+    masked_softmax,
+    math_attention,
+    sdpa_attention,
+)
+from lmforge.nn.feedforward import ACTIVATIONS, FeedForward, gelu_sigmoid
+from lmforge.nn.layers import DecoderLayer, EncoderLayer, LayerCache, LayerOutput
+from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask, to_additive_mask
+from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
+
+__all__ = [
+    "ACTIVATIONS",
+    "KERNELS",
+    "SCORES",
+    "AdditiveScore",
+    "Attention",
+    "AttentionOutput",
+    "CosineScore",
+    "DecoderLayer",
+    "DotScore",
+    "EncoderLayer",
+    "FeedForward",
+    "GeneralScore",
+    "KVCache",
+    "LayerCache",
+    "LayerOutput",
+    "LearnedPositional",
+    "LocationScore",
+    "MultiHeadAttention",
+    "RotaryEmbedding",
+    "ScaledDotScore",
+    "SinusoidalPositional",
+    "attention_weights",
+    "combine_masks",
+    "gelu_sigmoid",
+    "guard_empty_rows",
+    "make_causal_mask",
+    "make_score",
+    "masked_softmax",
+    "math_attention",
+    "padding_to_key_mask",
+    "sdpa_attention",
+    "to_additive_mask",
+]

@@ -1,0 +1,225 @@
+"""Transformer encoder and decoder layers with post-LN (Vaswani, BERT) or pre-LN (GPT-2) residual blocks.
+
+Shape legend: B batch, T target length, S source (memory) length, H heads, D model dim.
+
+Residual block, one per sublayer:
+    norm_first=False (post-LN, Vaswani et al. 2017, BERT):  x = LN(x + Dropout(sublayer(x)))
+    norm_first=True  (pre-LN, GPT-2, Xiong et al. 2020):     x = x + Dropout(sublayer(LN(x)))
+Parameter names are the same in both modes. A pre-LN stack needs one final LayerNorm after the last layer
+(GPT-2's ``ln_f``); that belongs to the model, not to the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+from lmforge.errors import LmforgeError
+from lmforge.nn.attention import KVCache, MultiHeadAttention
+from lmforge.nn.feedforward import FeedForward
+
+__all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput"]
+
+
+@dataclass
+class LayerCache:
+    """KV caches of one decoder layer: its self-attention and (if any) its cross-attention."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=KVCache)
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search): ``index`` (B',) of rows to keep, in order."""
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
+
+class LayerOutput(NamedTuple):
+    """What the layers return.
+
+    Attributes:
+        hidden: (B, T, D).
+        self_attn_weights: (B, H, T, T_keys) when requested, else None.
+        cross_attn_weights: (B, H, T, S) when requested and the layer has cross-attention, else None.
+        cache: the LayerCache passed in (now extended), or None.
+    """
+
+    hidden: Tensor
+    self_attn_weights: Tensor | None = None
+    cross_attn_weights: Tensor | None = None
+    cache: LayerCache | None = None
+
+
+def _check_dropout(dropout: float) -> None:
+    if not 0.0 <= dropout < 1.0:
+        raise LmforgeError(f"dropout must be in [0, 1); got {dropout}")
+
+
+class EncoderLayer(nn.Module):
+    """Transformer encoder layer, Vaswani et al. 2017, section 3.1: self-attention, then feed-forward.
+
+    ``dropout`` is used for the attention weights and for each sublayer output, as in BERT and GPT-2 (the paper
+    mentions only the latter). The feed-forward hidden layer has no dropout (as in the paper, BERT and GPT-2).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        activation: str = "gelu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        kernel: str = "sdpa",
+        rotary: nn.Module | None = None,
+    ) -> None:
+        """
+        Args:
+            d_model: D.
+            n_heads: H (must divide D).
+            d_ff: feed-forward hidden width.
+            dropout: attention-weight and residual dropout.
+            activation: feed-forward activation name (``lmforge.nn.feedforward.ACTIVATIONS``).
+            norm_first: pre-LN (True) or post-LN (False).
+            layer_norm_eps: LayerNorm epsilon (BERT 1e-12, GPT-2 1e-5).
+            bias: biases in attention and feed-forward projections.
+            kernel: attention kernel name (``KERNELS``).
+            rotary: optional rotary embedding for the self-attention.
+        """
+        super().__init__()
+        _check_dropout(dropout)
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, rotary=rotary)
+        self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False
+    ) -> LayerOutput:
+        """
+        Args:
+            x: (B, T, D).
+            attention_mask: (B, T), 1 = real token, 0 = padding.
+            need_weights: also return the self-attention weights.
+
+        Returns:
+            LayerOutput(hidden (B, T, D), self_attn_weights (B, H, T, T) or None).
+        """
+        post = not self.norm_first
+
+        h = x if post else self.self_attn_norm(x)
+        a = self.self_attn(h, attention_mask=attention_mask, need_weights=need_weights)
+        x = x + self.dropout(a.output)  # (B, T, D)
+        x = self.self_attn_norm(x) if post else x
+
+        h = x if post else self.ffn_norm(x)
+        x = x + self.dropout(self.ffn(h))  # (B, T, D)
+        x = self.ffn_norm(x) if post else x
+        return LayerOutput(x, a.weights)
+
+
+class DecoderLayer(nn.Module):
+    """Transformer decoder layer, Vaswani et al. 2017, section 3.1: masked self-attention, cross-attention over
+    the encoder output (``memory``), feed-forward.
+
+    With ``cross_attention=False`` it is the GPT block (Radford et al. 2018, 2019): masked self-attention and
+    feed-forward only. Dropout as in ``EncoderLayer``. In pre-LN mode the memory is used as given (the encoder's
+    final LayerNorm has already normalised it).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        activation: str = "gelu",
+        norm_first: bool = False,
+        layer_norm_eps: float = 1e-5,
+        bias: bool = True,
+        kernel: str = "sdpa",
+        rotary: nn.Module | None = None,
+        cross_attention: bool = True,
+        d_memory: int | None = None,
+    ) -> None:
+        """
+        Args:
+            d_model, n_heads, d_ff, dropout, activation, norm_first, layer_norm_eps, bias, kernel, rotary:
+                as in ``EncoderLayer`` (rotary acts on the self-attention only).
+            cross_attention: include the cross-attention sublayer (False for decoder-only models).
+            d_memory: width of the encoder output, when it differs from D.
+        """
+        super().__init__()
+        _check_dropout(dropout)
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, rotary=rotary)
+        self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.cross_attn: MultiHeadAttention | None = None
+        self.cross_attn_norm: nn.LayerNorm | None = None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, d_kv=d_memory)
+            self.cross_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        attention_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        causal: bool = True,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> LayerOutput:
+        """
+        Args:
+            x: (B, T, D) decoder input (the T new positions when decoding with a cache).
+            memory: (B, S, d_memory) encoder output; required iff the layer has cross-attention.
+            attention_mask: (B, T_keys), 1 = real token, over the self-attention keys: cached positions plus
+                the T new ones when a cache is used.
+            memory_mask: (B, S), 1 = real source token.
+            causal: mask future positions in the self-attention.
+            cache: a LayerCache to read and extend (incremental decoding).
+            need_weights: also return attention weights.
+
+        Returns:
+            LayerOutput(hidden (B, T, D), self weights (B, H, T, T_keys) or None, cross weights (B, H, T, S) or
+            None, cache).
+        """
+        if (memory is None) != (self.cross_attn is None):
+            raise LmforgeError(
+                "DecoderLayer: pass memory (the encoder output) exactly when the layer has cross-attention; "
+                f"cross_attention={self.cross_attn is not None}, memory given={memory is not None}")
+        self_cache = None if cache is None else cache.self_attn
+        cross_cache = None if cache is None else cache.cross_attn
+        post = not self.norm_first
+
+        h = x if post else self.self_attn_norm(x)
+        a = self.self_attn(h, attention_mask=attention_mask, causal=causal, cache=self_cache,
+                           need_weights=need_weights)
+        x = x + self.dropout(a.output)  # (B, T, D)
+        x = self.self_attn_norm(x) if post else x
+
+        cross_weights = None
+        if self.cross_attn is not None and self.cross_attn_norm is not None:
+            h = x if post else self.cross_attn_norm(x)
+            c = self.cross_attn(h, memory, attention_mask=memory_mask, cache=cross_cache, need_weights=need_weights)
+            x = x + self.dropout(c.output)  # (B, T, D)
+            x = self.cross_attn_norm(x) if post else x
+            cross_weights = c.weights
+
+        h = x if post else self.ffn_norm(x)
+        x = x + self.dropout(self.ffn(h))  # (B, T, D)
+        x = self.ffn_norm(x) if post else x
+        return LayerOutput(x, a.weights, cross_weights, cache)

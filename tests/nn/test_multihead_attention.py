@@ -1,0 +1,287 @@
+"""MultiHeadAttention: kernels agree, masks, padding invariance, KV cache, captured weights, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmforge.errors import LmforgeError
+from lmforge.nn import (
+    KERNELS,
+    KVCache,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    make_causal_mask,
+    math_attention,
+    padding_to_key_mask,
+    sdpa_attention,
+)
+
+B, T, D, H = 3, 7, 12, 3
+FAST = settings(max_examples=25, deadline=None)
+
+
+def _pair(seed: int, dtype: torch.dtype = torch.float64, **kw) -> tuple[MultiHeadAttention, MultiHeadAttention]:
+    """Two modules with identical weights, one per kernel, in eval mode."""
+    torch.manual_seed(seed)
+    m = MultiHeadAttention(D, H, kernel="math", **kw).to(dtype).eval()
+    s = MultiHeadAttention(D, H, kernel="sdpa", **kw).to(dtype).eval()
+    s.load_state_dict(m.state_dict())
+    return m, s
+
+
+def _mask_from_lengths(lengths: list[int], total: int, left: bool) -> torch.Tensor:
+    rows = [[0] * (total - n) + [1] * n if left else [1] * n + [0] * (total - n) for n in lengths]
+    return torch.tensor(rows)
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 1e-6, "rtol": 0.0} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 0.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# math kernel == sdpa kernel
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    lengths=st.lists(st.integers(0, T), min_size=B, max_size=B),
+    use_padding=st.booleans(),
+    causal=st.booleans(),
+    left=st.booleans(),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_math_kernel_equals_sdpa_kernel_in_self_attention(lengths, use_padding, causal, left, dtype, seed):
+    m, s = _pair(seed, dtype)
+    x = torch.randn(B, T, D, dtype=dtype)
+    am = _mask_from_lengths(lengths, T, left) if use_padding else None
+    out_m = m(x, attention_mask=am, causal=causal).output
+    out_s = s(x, attention_mask=am, causal=causal).output
+    assert not torch.isnan(out_s).any()
+    torch.testing.assert_close(out_m, out_s, **_tol(dtype))
+
+
+@FAST
+@given(
+    T_=st.integers(1, 5),
+    extra=st.integers(0, 4),
+    causal=st.booleans(),
+    per_head=st.booleans(),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_kernels_agree_on_raw_masks(T_, extra, causal, per_head, dtype, seed):
+    # Direct kernel calls: T queries over S = T + extra keys (cached decoding shape), arbitrary bool masks.
+    g = torch.Generator().manual_seed(seed)
+    S = T_ + extra
+    q = torch.randn(B, H, T_, 4, generator=g, dtype=dtype)
+    k = torch.randn(B, H, S, 4, generator=g, dtype=dtype)
+    v = torch.randn(B, H, S, 4, generator=g, dtype=dtype)
+    shape = (B, H, T_, S) if per_head else (B, 1, 1, S)
+    mask = torch.rand(shape, generator=g) < 0.7
+    for m in (None, mask):
+        a = math_attention(q, k, v, m, 0.0, causal, None)
+        b = sdpa_attention(q, k, v, m, 0.0, causal, None)
+        torch.testing.assert_close(a, b, **_tol(dtype))
+        torch.testing.assert_close(a, math_attention(q, k, v, m, 0.0, causal, 1 / math.sqrt(4)), **_tol(dtype))
+        a = math_attention(q, k, v, m, 0.0, causal, 0.3)  # a non-default scale reaches both kernels
+        torch.testing.assert_close(a, sdpa_attention(q, k, v, m, 0.0, causal, 0.3), **_tol(dtype))
+
+
+def test_kernels_agree_in_cross_attention_with_other_width():
+    m, s = _pair(0, d_kv=5)
+    x, mem = torch.randn(B, 4, D, dtype=torch.float64), torch.randn(B, 9, 5, dtype=torch.float64)
+    am = _mask_from_lengths([9, 6, 1], 9, left=False)
+    out = s(x, mem, attention_mask=am).output
+    assert out.shape == (B, 4, D)
+    torch.testing.assert_close(m(x, mem, attention_mask=am).output, out, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Padding invariance
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    n_pad=st.integers(1, 5),
+    where=st.data(),
+    kernel=st.sampled_from(sorted(KERNELS)),
+    seed=st.integers(0, 2**16),
+)
+def test_padding_anywhere_never_changes_real_outputs(n_pad, where, kernel, seed):
+    torch.manual_seed(seed)
+    mha = MultiHeadAttention(D, H, kernel=kernel).double().eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    ref = mha(x).output
+    # Insert n_pad random vectors at random positions; attention without positions is order-free over keys.
+    slots = sorted(where.draw(st.lists(st.integers(0, T + n_pad - 1), min_size=n_pad, max_size=n_pad, unique=True)))
+    real = [i for i in range(T + n_pad) if i not in slots]
+    xp = torch.randn(B, T + n_pad, D, dtype=torch.float64) * 100
+    xp[:, real] = x
+    am = torch.ones(B, T + n_pad, dtype=torch.long)
+    am[:, slots] = 0
+    torch.testing.assert_close(mha(xp, attention_mask=am).output[:, real], ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("rotary", [False, True])
+def test_left_padding_with_causal_mask_changes_nothing(kernel, rotary):
+    # Rotary scores depend on relative positions only, so a left shift is invisible to it as well.
+    torch.manual_seed(1)
+    rot = RotaryEmbedding(D // H, 32) if rotary else None
+    mha = MultiHeadAttention(D, H, kernel=kernel, rotary=rot).double().eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    ref = mha(x, causal=True).output
+    xp = torch.cat([torch.randn(B, 3, D, dtype=torch.float64), x], dim=1)
+    am = torch.cat([torch.zeros(B, 3, dtype=torch.long), torch.ones(B, T, dtype=torch.long)], dim=1)
+    # Rotary tables are float32 (like every reference implementation), so shifted positions agree to ~1e-8 only.
+    atol = 1e-7 if rotary else 1e-10
+    torch.testing.assert_close(mha(xp, attention_mask=am, causal=True).output[:, 3:], ref, atol=atol, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _decode(mha: MultiHeadAttention, x: torch.Tensor, chunks: list[int], am: torch.Tensor | None = None):
+    cache, outs, start = KVCache(), [], 0
+    for n in chunks:
+        mask = None if am is None else am[:, : start + n]  # covers cached + new keys
+        res = mha(x[:, start : start + n], attention_mask=mask, causal=True, cache=cache)
+        assert res.cache is cache and cache.length == start + n
+        outs.append(res.output)
+        start += n
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("chunks", [[1] * T, [3, 1, 3], [2, 5], [T]])
+def test_cached_self_attention_equals_full_recompute(kernel, rotary, chunks):
+    torch.manual_seed(2)
+    rot = RotaryEmbedding(D // H, 16) if rotary else None
+    mha = MultiHeadAttention(D, H, kernel=kernel, rotary=rot).double().eval()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    full = mha(x, causal=True).output
+    torch.testing.assert_close(_decode(mha, x, chunks), full, atol=1e-10, rtol=0)
+    # With a left-padded prompt, the mask grows with the cache.
+    am = _mask_from_lengths([7, 5, 2], T, left=True)
+    full = mha(x, attention_mask=am, causal=True).output
+    torch.testing.assert_close(_decode(mha, x, chunks, am), full, atol=1e-10, rtol=0)
+
+
+@FAST
+@given(chunks=st.lists(st.integers(1, 3), min_size=1, max_size=5), seed=st.integers(0, 2**16))
+def test_cached_decoding_with_any_chunking(chunks, seed):
+    torch.manual_seed(seed)
+    n = sum(chunks)
+    mha = MultiHeadAttention(D, H, rotary=RotaryEmbedding(D // H, 16)).double().eval()
+    x = torch.randn(2, n, D, dtype=torch.float64)
+    torch.testing.assert_close(_decode(mha, x, chunks), mha(x, causal=True).output, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_cross_attention_cache_projects_memory_once(kernel):
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(D, H, kernel=kernel, d_kv=8).double().eval()
+    x, mem = torch.randn(B, T, D, dtype=torch.float64), torch.randn(B, 5, 8, dtype=torch.float64)
+    mem_mask = _mask_from_lengths([5, 3, 4], 5, left=False)
+    full = mha(x, mem, attention_mask=mem_mask).output
+    calls = []
+    hook = mha.k_proj.register_forward_hook(lambda *_: calls.append(1))
+    cache, outs = KVCache(), []
+    for t in range(T):
+        outs.append(mha(x[:, t : t + 1], mem, attention_mask=mem_mask, cache=cache).output)
+        assert cache.length == 5
+    hook.remove()
+    assert len(calls) == 1
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-10, rtol=0)
+
+
+def test_cache_reorder_selects_batch_rows():
+    cache = KVCache()
+    k = torch.arange(3.0)[:, None, None, None].expand(3, 2, 4, 5)
+    cache.append(k, k + 10)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.key[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+    assert cache.value[:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Captured attention weights
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _reference_weights(mha: MultiHeadAttention, x: torch.Tensor, am: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Weights computed from the module's parameters with explicit formulas."""
+    dh = D // H
+    q = (x @ mha.q_proj.weight.T + mha.q_proj.bias).view(B, T, H, dh).transpose(1, 2)
+    k = (x @ mha.k_proj.weight.T + mha.k_proj.bias).view(B, T, H, dh).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(dh)
+    allowed = padding_to_key_mask(am) & (make_causal_mask(T) if causal else True)
+    scores = scores.masked_fill(~allowed, -math.inf)
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_captured_weights_from_the_sdpa_kernel(causal):
+    m, s = _pair(4)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    am = _mask_from_lengths([7, 4, 2], T, left=False)
+    fast = s(x, attention_mask=am, causal=causal)
+    assert fast.weights is None
+    res = s(x, attention_mask=am, causal=causal, need_weights=True)
+    assert res.weights is not None and res.weights.shape == (B, H, T, T)
+    torch.testing.assert_close(res.weights.sum(-1), torch.ones(B, H, T, dtype=torch.float64))
+    torch.testing.assert_close(res.weights, m(x, attention_mask=am, causal=causal, need_weights=True).weights)
+    torch.testing.assert_close(res.weights, _reference_weights(s, x, am, causal))
+    torch.testing.assert_close(res.output, fast.output, atol=1e-6, rtol=0)
+    assert torch.equal(res.weights[1, :, :, 4:], torch.zeros(H, T, 3, dtype=torch.float64))
+
+
+def test_attention_dropout_only_in_training():
+    torch.manual_seed(5)
+    mha = MultiHeadAttention(D, H, dropout=0.5)
+    ref = MultiHeadAttention(D, H, dropout=0.0)
+    ref.load_state_dict(mha.state_dict())
+    x = torch.randn(B, T, D)
+    mha.eval(), ref.eval()
+    torch.testing.assert_close(mha(x).output, ref(x).output)
+    mha.train()
+    assert not torch.allclose(mha(x).output, ref(x).output)
+    w = mha(x, need_weights=True).weights  # pre-dropout probabilities
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors a user can cause
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_bad_arguments_raise_lmforge_error():
+    with pytest.raises(LmforgeError, match=r"d_model=10.*n_heads=3"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(LmforgeError, match=r"'flash'.*math, sdpa"):
+        MultiHeadAttention(D, H, kernel="flash")
+    with pytest.raises(LmforgeError, match="1.5"):
+        MultiHeadAttention(D, H, dropout=1.5)
+    mha = MultiHeadAttention(D, H)
+    x = torch.randn(B, T, D)
+    with pytest.raises(LmforgeError, match=r"\(3, 5\)"):
+        mha(x, attention_mask=torch.ones(B, 5))
+    with pytest.raises(LmforgeError, match="bool"):
+        mha(x, attn_mask=torch.zeros(T, T))
+    with pytest.raises(LmforgeError, match="d_model=12"):
+        mha(torch.randn(B, T, 8))
+    with pytest.raises(LmforgeError, match=r"T=7, S=4"):
+        mha(x, torch.randn(B, 4, D), causal=True)
+    with pytest.raises(LmforgeError, match=r"max_len=8"):
+        MultiHeadAttention(D, H, rotary=RotaryEmbedding(4, 8))(torch.randn(1, 9, D))
