@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from lmforge import __version__
+from lmforge.commands import models as model_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.errors import LmforgeError
 
@@ -19,6 +20,10 @@ COMMANDS: dict[str, Command] = {
                         tok_cmd.run_train),
     "tokenizer encode": ("encode text lines into ids, segment ids and offsets (JSONL)",
                          tok_cmd.add_encode_arguments, tok_cmd.run_encode),
+    "embed": ("contextual embeddings of text lines from a model (.npy / .npz)", model_cmd.add_embed_arguments,
+              model_cmd.run_embed),
+    "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
+                model_cmd.add_convert_arguments, model_cmd.run_convert),
 }
 
 GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers"}

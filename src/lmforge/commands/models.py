@@ -1,0 +1,124 @@
+"""``lmforge embed`` and ``lmforge convert``.
+
+PyTorch and the model code are imported inside the run functions, so that ``lmforge --help`` and the
+tokenizer commands start without loading them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+from lmforge.errors import InputFileError, LmforgeError
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_write
+
+WEIGHTS_NAME = "model.safetensors"  # as lmforge.models.pretrained
+POOLINGS = ("none", "mean", "cls")  # as lmforge.embeddings.contextual (checked there too)
+COMBINES = ("mean", "sum", "concat")
+
+
+def add_embed_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="DIR", help="an lmforge model folder or a Hugging Face BERT one")
+    p.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one input per line")
+    p.add_argument("--out", required=True, metavar="FILE", help=".npy for mean/cls pooling, .npz for none")
+    p.add_argument("--layers", default="-1", metavar="I[,J...]",
+                   help="hidden-state indices: 0 = embeddings, -1 = last layer (default); e.g. -4,-3,-2,-1")
+    p.add_argument("--combine", choices=COMBINES, default="mean", help="how several layers are combined")
+    p.add_argument("--pooling", choices=POOLINGS, default="mean",
+                   help="none: one vector per token (.npz, one array per line); mean over real tokens; cls")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=None, help="truncate longer inputs (default: the model's)")
+    p.add_argument("--overwrite", action="store_true")
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from lmforge.embeddings.contextual import embed_texts, parse_layers
+    from lmforge.models.pretrained import load_pretrained
+
+    out = Path(args.out)
+    want = ".npz" if args.pooling == "none" else ".npy"
+    if out.suffix != want:
+        raise LmforgeError(f"--out {out}: pooling '{args.pooling}' writes a {want} file; name it *{want}")
+    check_can_write(out, args.overwrite)
+    layers = parse_layers(args.layers)
+    loaded = load_pretrained(args.model, with_head=False)
+    if loaded.tokenizer is None:
+        raise InputFileError(f"{args.model}: no vocab.txt in the model folder; save the model with its tokenizer")
+    path = Path(args.input)
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such input file")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    vectors = embed_texts(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
+                          pooling=args.pooling, batch_size=args.batch_size, max_length=args.max_length,
+                          show_progress=True)
+    buffer = io.BytesIO()
+    if args.pooling == "none":
+        np.savez(buffer, **{f"arr_{i}": v for i, v in enumerate(vectors)})
+        shape = f"{len(vectors)} arrays (tokens, {vectors[0].shape[1] if vectors else 0})"
+    else:
+        np.save(buffer, vectors)
+        shape = str(vectors.shape)
+    atomic_write_bytes(out, buffer.getvalue())
+    print(f"embedded {len(lines)} lines -> {out} {shape}")
+    return 0
+
+
+def add_convert_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-hf", metavar="DIR", help="a Hugging Face BERT or GPT-2 folder (safetensors) to import")
+    src.add_argument("--to-hf", metavar="DIR", help="an lmforge BERT or GPT model folder to export")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--overwrite", action="store_true")
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    from safetensors.torch import save
+
+    from lmforge.models.pretrained import dedupe_tied, load_pretrained, read_config, save_pretrained
+
+    out = Path(args.out)
+    check_can_write(out / WEIGHTS_NAME, args.overwrite, "a model")
+    if args.from_hf:
+        raw = read_config(args.from_hf)
+        if raw.get("format") == "lmforge":
+            raise LmforgeError(f"{args.from_hf} is already an lmforge model; use --to-hf to export it")
+        loaded = load_pretrained(args.from_hf)
+        save_pretrained(loaded.model, out, config=loaded.config, head=loaded.head, tokenizer=loaded.tokenizer,
+                        overwrite=args.overwrite)
+        print(f"converted {args.from_hf} ({loaded.config.arch}, {loaded.config.n_layers} layers) -> {out}")
+        return 0
+    loaded = load_pretrained(args.to_hf)
+    hf_config, hf_state = export_to_hf(loaded)
+    tensors, _ = dedupe_tied(hf_state)
+    atomic_write_bytes(out / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+    atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2) + "\n")
+    if loaded.tokenizer is not None:
+        loaded.tokenizer.save_pretrained(out, overwrite=True)
+    print(f"exported {args.to_hf} -> {out} (Hugging Face {hf_config['model_type']} layout)")
+    return 0
+
+
+def export_to_hf(loaded) -> tuple[dict, dict]:
+    """Hugging Face config dict and state dict of a loaded lmforge model (BERT encoder or GPT decoder)."""
+    config = loaded.config
+    state = loaded.model.state_dict()
+    if config.arch == "encoder":
+        from lmforge.interop import hf_bert
+
+        if loaded.head is not None:
+            if loaded.head.get("type") != "pretraining":
+                raise LmforgeError(f"exporting a {loaded.head.get('type')!r} head to Hugging Face is not supported; "
+                                   "export the backbone (pretraining heads are supported)")
+            enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+            heads = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+            return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)
+        return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(state)
+    if config.arch == "decoder":
+        from lmforge.interop import hf_gpt2
+
+        return hf_gpt2.config_to_hf(config), hf_gpt2.state_dict_to_hf(state, config)
+    raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are)")
