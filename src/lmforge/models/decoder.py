@@ -1,0 +1,324 @@
+"""GPT: a decoder-only Transformer language model (Radford et al. 2018, 2019).
+
+Shape legend: B batch, T new (query) length, P cached (past) length, S = P + T key length, L layers, H heads,
+D model dim, V vocab.
+
+The forward pass, top to bottom:
+    x = Dropout(TokenEmbedding(ids) [* sqrt(D)] + Positions(position_ids))     (B, T, D)
+    x = DecoderLayer_l(x, causal, padding mask, cache_l)   for l = 1..L       (B, T, D)
+    h = FinalNorm(x)                       (pre-LN only: GPT-2's ln_f)          (B, T, D)
+    logits = h W_E^T  (tied)  or  h W_head^T  (untied)                        (B, T, V)
+
+``attention_mask`` is (B, S) with 1 = real token, 0 = padding; with a cache, S counts the cached positions plus
+the T new ones. Position ids are derived from it (cumsum - 1, clamped at 0), so a LEFT-padded prompt gets the
+positions of the unpadded prompt and batched generation equals generating each prompt alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.nn import (
+    DecoderLayer,
+    LayerCache,
+    LearnedPositional,
+    RotaryEmbedding,
+    SinusoidalPositional,
+    padding_to_key_mask,
+)
+
+__all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
+
+
+class DecoderCache:
+    """Key/value caches of every layer of a ``Decoder``: the state of incremental decoding.
+
+    Make one with ``model.new_cache()`` (or ``DecoderCache()``: the model adds the per-layer caches on first use)
+    and pass the same object to every ``forward`` call; it is extended in place.
+
+    Attributes:
+        layers: one ``lmforge.nn.LayerCache`` per layer (only its ``self_attn`` part is used).
+    """
+
+    def __init__(self, n_layers: int = 0) -> None:
+        self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """P, number of cached positions (padding included; 0 while empty)."""
+        return self.layers[0].self_attn.length if self.layers else 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """B of the cached keys, or None while empty."""
+        key = self.layers[0].self_attn.key if self.layers else None
+        return None if key is None else key.shape[0]
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows, e.g. the surviving beams: ``index`` (B',) long, rows to keep in order (repeats allowed).
+
+        The caller reorders its ``attention_mask`` the same way (``mask.index_select(0, index)``).
+        """
+        for layer in self.layers:
+            layer.reorder(index)
+
+    def __repr__(self) -> str:
+        return f"DecoderCache(layers={len(self.layers)}, length={self.length})"
+
+
+class DecoderOutput(NamedTuple):
+    """What ``Decoder.forward`` returns.
+
+    Attributes:
+        logits: (B, T, V) next-token scores, or None with ``return_logits=False``.
+        last_hidden_state: (B, T, D) after the final LayerNorm (pre-LN) or the last layer (post-LN).
+        cache: the DecoderCache passed in (now extended), or None.
+        hidden_states: with ``output_hidden_states``, L + 1 tensors (B, T, D): the embeddings (after dropout), the
+            outputs of layers 1..L-1, and ``last_hidden_state`` (as Hugging Face: the last entry is normalised).
+        attentions: with ``output_attentions``, L entries: (B, H, T, S) weights for the requested layers, None for
+            the others.
+    """
+
+    logits: Tensor | None
+    last_hidden_state: Tensor
+    cache: DecoderCache | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor | None, ...] | None = None
+
+
+def positions_from_mask(attention_mask: Tensor, T: int) -> Tensor:
+    """Position ids of the last T of S positions, counting real tokens only: a left-padded row gets the positions
+    of the unpadded row; padding gets 0 (before the first real token) or repeats (after the last).
+
+    Args:
+        attention_mask: (B, S), 1 = real token.
+        T: number of new positions.
+
+    Returns:
+        (B, T) long.
+    """
+    return ((attention_mask != 0).long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+
+
+def layers_to_capture(output_attentions: bool | Sequence[int], n_layers: int) -> set[int]:
+    """Normalise ``output_attentions`` (True = all layers, or layer indices, negative counting from the end)."""
+    if isinstance(output_attentions, bool):
+        return set(range(n_layers)) if output_attentions else set()
+    chosen = set()
+    for i in output_attentions:
+        if not isinstance(i, int) or not -n_layers <= i < n_layers:
+            raise LmforgeError(
+                f"output_attentions: layer {i!r} does not exist; the model has {n_layers} layers (0..{n_layers - 1})")
+        chosen.add(i % n_layers)
+    return chosen
+
+
+class Decoder(nn.Module):
+    """GPT language model: Radford et al. 2018, "Improving Language Understanding by Generative Pre-Training", and
+    Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (GPT-2).
+
+    Token embedding plus learned positions (or sinusoidal / rotary, from ``config.positional``), dropout, a stack of
+    masked self-attention blocks (``nn.DecoderLayer`` without cross-attention; pre-LN with a final LayerNorm when
+    ``config.norm_first``, as GPT-2; post-LN as GPT-1 otherwise), and an LM head tied to the token embedding
+    (``config.tie_embeddings``) or a separate bias-free ``lm_head``.
+
+    Initialisation as GPT-2: every weight N(0, init_std), biases 0, LayerNorm (1, 0); the two residual output
+    projections of each block (attention ``out_proj``, feed-forward ``fc2``) N(0, init_std / sqrt(2 L)).
+
+    ``config.dropout`` acts on the embeddings and the residual branches, ``config.attention_dropout`` on the
+    attention weights (GPT-2's embd_pdrop / resid_pdrop and attn_pdrop).
+
+    State-dict keys: ``token_embedding.weight``, ``position_embedding.weight`` (learned positions only),
+    ``layers.{l}.{self_attn.{q,k,v,out}_proj, self_attn_norm, ffn.fc1, ffn.fc2, ffn_norm}.{weight,bias}``,
+    ``final_norm.{weight,bias}`` (pre-LN only), ``lm_head.weight`` (untied only).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: a ``ModelConfig`` with ``arch="decoder"`` (e.g. the ``gpt-nano`` .. ``gpt2-small`` presets).
+        """
+        super().__init__()
+        if config.arch != "decoder":
+            raise LmforgeError(f"Decoder needs a config with arch='decoder'; got arch={config.arch!r}")
+        assert config.d_ff is not None
+        self.config = config
+        D, L = config.d_model, config.n_layers
+        self.token_embedding = nn.Embedding(config.vocab_size, D)
+        self.position_embedding: nn.Module | None = None
+        self.rotary: RotaryEmbedding | None = None
+        if config.positional == "learned":
+            self.position_embedding = LearnedPositional(config.max_seq_len, D)
+        elif config.positional == "sinusoidal":
+            self.position_embedding = SinusoidalPositional(D, config.max_seq_len)
+        else:  # rotary: relative positions inside every self-attention; nothing is added to the embeddings
+            self.rotary = RotaryEmbedding(config.d_head, config.max_seq_len)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout, activation=config.activation,
+                         norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
+                         rotary=self.rotary, cross_attention=False)
+            for _ in range(L))
+        for layer in self.layers:
+            # DecoderLayer takes one dropout for both places; the config separates the attention-weight dropout.
+            layer.self_attn.dropout = config.attention_dropout
+        self.final_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.lm_head = None if config.tie_embeddings else nn.Linear(D, config.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 initialisation (see the class docstring)."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding | LearnedPositional):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        # GPT-2: residual projections scaled by 1/sqrt(2 L), so the residual stream's variance does not grow with
+        # depth (two residual additions per layer).
+        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        for layer in self.layers:
+            nn.init.normal_(layer.self_attn.out_proj.weight, std=resid_std)
+            nn.init.normal_(layer.ffn.fc2.weight, std=resid_std)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """(V, D) the LM-head matrix: the token embedding when tied, else ``lm_head.weight``."""
+        return self.token_embedding.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_cache(self) -> DecoderCache:
+        """An empty cache with one LayerCache per layer."""
+        return DecoderCache(len(self.layers))
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """Project hidden states to vocabulary scores, e.g. only the last position during generation.
+
+        Args:
+            hidden: (..., D), e.g. ``last_hidden_state[:, -1]``.
+
+        Returns:
+            (..., V).
+        """
+        return F.linear(hidden, self.output_weight)  # (..., V)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool | Sequence[int] = False,
+        return_logits: bool = True,
+    ) -> DecoderOutput:
+        """Run the T new tokens through the model, attending to the cached positions too.
+
+        Args:
+            input_ids: (B, T) token ids in [0, V).
+            attention_mask: (B, S) 1 = real token, 0 = padding, S = cache length + T (the whole sequence so far:
+                the caller appends a 1 per generated token). None = no padding anywhere so far.
+            position_ids: (B, T) or (T,) explicit positions; default from ``attention_mask`` (cumsum - 1, so left
+                padding is skipped) or cache length + 0..T-1. Not accepted with rotary positions, which are relative
+                and take their offset from the cache (a constant shift per row does not change rotary scores).
+            cache: a DecoderCache to read and extend (incremental decoding); None for a single full pass.
+            output_hidden_states: also return the hidden states of every layer.
+            output_attentions: True (all layers) or layer indices whose attention weights to capture; those layers
+                run the math path so the weights are exactly those used.
+            return_logits: False skips the vocabulary projection (logits None).
+
+        Returns:
+            DecoderOutput(logits (B, T, V), last_hidden_state (B, T, D), cache, hidden_states, attentions).
+        """
+        B, T = self._check_ids(input_ids)
+        past = self._prepare_cache(cache, B)
+        S = past + T
+        if S > self.config.max_seq_len:
+            raise LmforgeError(
+                f"total length {S} (cached {past} + new {T}) exceeds max_seq_len={self.config.max_seq_len}; "
+                "shorten the input or use a model with more positions")
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (B, S):
+                raise LmforgeError(
+                    f"attention_mask must be (batch={B}, cached + new = {past} + {T} = {S}) with 1 = real token; "
+                    f"got {tuple(attention_mask.shape)}")
+            attention_mask = padding_to_key_mask(attention_mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+            if position_ids is None and self.rotary is None:
+                position_ids = positions_from_mask(attention_mask, T)  # (B, T)
+            if bool(attention_mask.all()):
+                attention_mask = None  # no padding: lets the kernel take its plain causal path
+        if position_ids is not None and self.rotary is not None:
+            raise LmforgeError(
+                "position_ids cannot be given with positional='rotary': rotary positions are relative and offset by "
+                "the cache length (left padding shifts a whole row, which leaves rotary scores unchanged)")
+
+        x = self.token_embedding(input_ids)  # (B, T, D)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        if self.position_embedding is not None:
+            x = self.position_embedding(x, offset=past, positions=position_ids)  # (B, T, D)
+        x = self.dropout(x)
+
+        capture = layers_to_capture(output_attentions, len(self.layers))
+        hidden_states: list[Tensor] | None = [] if output_hidden_states else None
+        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        for i, layer in enumerate(self.layers):
+            if hidden_states is not None:
+                hidden_states.append(x)
+            out = layer(x, attention_mask=attention_mask, causal=True,
+                        cache=None if cache is None else cache.layers[i], need_weights=i in capture)
+            x = out.hidden  # (B, T, D)
+            if attentions is not None:
+                attentions.append(out.self_attn_weights)  # (B, H, T, S) or None
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        if hidden_states is not None:
+            hidden_states.append(x)
+        logits = self.lm_logits(x) if return_logits else None  # (B, T, V)
+        return DecoderOutput(logits, x, cache,
+                             None if hidden_states is None else tuple(hidden_states),
+                             None if attentions is None else tuple(attentions))
+
+    def _check_ids(self, input_ids: Tensor) -> tuple[int, int]:
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise LmforgeError(f"input_ids must be a (batch, length) tensor of token ids; got {shape}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+            raise LmforgeError(f"input_ids must hold integer token ids; got dtype {input_ids.dtype}")
+        B, T = input_ids.shape
+        if B == 0 or T == 0:
+            raise LmforgeError(f"input_ids is empty (shape {(B, T)}); pass at least one token per row")
+        V = self.config.vocab_size
+        lo, hi = int(input_ids.min()), int(input_ids.max())  # one sync; an out-of-range id would crash the kernel
+        if lo < 0 or hi >= V:
+            raise LmforgeError(
+                f"token id {lo if lo < 0 else hi} is outside the vocabulary (size {V}; valid ids are 0..{V - 1})")
+        return B, T
+
+    def _prepare_cache(self, cache: DecoderCache | None, B: int) -> int:
+        if cache is None:
+            return 0
+        if not isinstance(cache, DecoderCache):
+            raise LmforgeError(f"cache must be a DecoderCache (model.new_cache()); got {type(cache).__name__}")
+        if not cache.layers:
+            cache.layers = [LayerCache() for _ in self.layers]
+        if len(cache.layers) != len(self.layers):
+            raise LmforgeError(f"cache has {len(cache.layers)} layers but the model has {len(self.layers)}")
+        cached_batch = cache.batch_size
+        if cached_batch is not None and cached_batch != B:
+            raise LmforgeError(
+                f"cache holds batch size {cached_batch} but input_ids has {B} rows; reorder the cache "
+                "(cache.reorder(index)) when the batch changes")
+        return cache.length

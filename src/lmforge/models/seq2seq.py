@@ -1,0 +1,398 @@
+"""The Transformer encoder-decoder (Vaswani et al. 2017) for sequence-to-sequence tasks.
+
+Shape legend: B batch, S source length, T new target (query) length, P cached target length, L_e / L_d encoder /
+decoder layers, H heads, D model dim, V vocab.
+
+The forward pass, top to bottom:
+    encode:  m = Dropout(E_src(src) [* sqrt(D)] + PE)  -> L_e x EncoderLayer(src padding mask)
+                 [-> encoder_norm, pre-LN only]                                              memory (B, S, D)
+    decode:  y = Dropout(E_tgt(tgt) [* sqrt(D)] + PE)  -> L_d x DecoderLayer(causal + tgt padding mask,
+                 cross-attention to memory with the src padding mask)
+                 [-> decoder_norm, pre-LN only]  -> y E_tgt^T (tied) or lm_head(y)           logits (B, T, V)
+
+Masks at this boundary are (B, length) with 1 = real token, 0 = padding: ``src_mask`` (B, S) over the source,
+``tgt_mask`` (B, P + T) over the whole target so far (cached positions plus the new ones).
+
+This is a model file: it imports ``lmforge.nn`` only, never another file in ``lmforge.models``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.nn import (
+    DecoderLayer,
+    EncoderLayer,
+    LayerCache,
+    LearnedPositional,
+    RotaryEmbedding,
+    SinusoidalPositional,
+    padding_to_key_mask,
+)
+
+__all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput"]
+
+
+class Seq2SeqCache:
+    """Key/value caches of every decoder layer of an ``EncoderDecoder``: the state of incremental decoding.
+
+    Each ``LayerCache`` holds the growing self-attention keys/values and the cross-attention keys/values, which
+    are projected from the memory once, on the first ``decode`` call, and reused afterwards.
+
+    Attributes:
+        layers: one ``lmforge.nn.LayerCache`` per decoder layer.
+    """
+
+    def __init__(self, n_layers: int = 0) -> None:
+        self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """P, number of cached target positions (0 while empty)."""
+        return self.layers[0].self_attn.length if self.layers else 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """B of the cached keys, or None while empty."""
+        if not self.layers:
+            return None
+        for kv in (self.layers[0].self_attn, self.layers[0].cross_attn):
+            if kv.key is not None:
+                return kv.key.shape[0]
+        return None
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search): ``index`` (B',) long, rows to keep in order (repeats allowed).
+
+        Reorders the cross-attention keys/values too; the caller reorders ``memory``, ``src_mask`` and ``tgt_mask``
+        the same way (``x.index_select(0, index)``).
+        """
+        for layer in self.layers:
+            layer.reorder(index)
+
+    def __repr__(self) -> str:
+        return f"Seq2SeqCache(layers={len(self.layers)}, length={self.length})"
+
+
+class DecodeOutput(NamedTuple):
+    """What ``EncoderDecoder.decode`` returns.
+
+    Attributes:
+        logits: (B, T, V), or None with ``return_logits=False``.
+        last_hidden_state: (B, T, D) decoder output (after ``decoder_norm`` in pre-LN mode).
+        cache: the Seq2SeqCache passed in (now extended), or None.
+        self_attentions: with ``output_attentions``, one (B, H, T, P + T) tensor per decoder layer.
+        cross_attentions: with ``output_attentions``, one (B, H, T, S) tensor per decoder layer.
+    """
+
+    logits: Tensor | None
+    last_hidden_state: Tensor
+    cache: Seq2SeqCache | None = None
+    self_attentions: tuple[Tensor, ...] | None = None
+    cross_attentions: tuple[Tensor, ...] | None = None
+
+
+class Seq2SeqOutput(NamedTuple):
+    """What ``EncoderDecoder.forward`` (teacher forcing) returns.
+
+    Attributes:
+        logits: (B, T, V) scores of the next target token at every target position.
+        last_hidden_state: (B, T, D) decoder output.
+        memory: (B, S, D) encoder output.
+        self_attentions, cross_attentions: as in ``DecodeOutput``.
+    """
+
+    logits: Tensor
+    last_hidden_state: Tensor
+    memory: Tensor
+    self_attentions: tuple[Tensor, ...] | None = None
+    cross_attentions: tuple[Tensor, ...] | None = None
+
+
+def _positions_from_mask(mask: Tensor, T: int) -> Tensor:
+    # Position of each of the last T tokens among the real tokens (cumsum - 1): left padding is skipped.
+    return ((mask != 0).long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
+
+
+class EncoderDecoder(nn.Module):
+    """The Transformer, Vaswani et al. 2017, "Attention Is All You Need".
+
+    An encoder stack (``n_layers`` x ``nn.EncoderLayer``) and a decoder stack (``n_decoder_layers`` x
+    ``nn.DecoderLayer`` with cross-attention); token embeddings multiplied by sqrt(D) (section 3.4,
+    ``config.scale_embeddings``), sinusoidal positions (section 3.5; ``config.positional`` may also choose
+    learned tables or rotary), dropout on the sum of embeddings and positions in both stacks (section 5.4),
+    post-LN residual blocks (``config.norm_first=False``, as the paper; with pre-LN a final LayerNorm closes each
+    stack). With ``config.share_embeddings`` the source and target share one embedding matrix (the paper's
+    shared source-target BPE vocabulary); with ``config.tie_embeddings`` the pre-softmax projection is the target
+    embedding (section 3.4).
+
+    Initialisation (the paper states none): linear weights Xavier-uniform with zero biases, embeddings
+    N(0, D^-1/2), so that embeddings scaled by sqrt(D) have unit variance and tied logits stay O(1) (the choice of
+    tensor2tensor and fairseq). ``config.dropout`` acts on embeddings and residual branches,
+    ``config.attention_dropout`` on attention weights (the paper applies only the former; tensor2tensor both).
+
+    State-dict keys: ``embedding.weight`` (shared) or ``src_embedding.weight`` and ``tgt_embedding.weight``;
+    ``src_position.weight`` / ``tgt_position.weight`` (learned positions only); ``encoder_layers.{l}.*``,
+    ``decoder_layers.{l}.*`` (names of ``nn.EncoderLayer`` / ``nn.DecoderLayer``); ``encoder_norm.*`` and
+    ``decoder_norm.*`` (pre-LN only); ``lm_head.weight`` (untied only).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: a ``ModelConfig`` with ``arch="seq2seq"`` (e.g. the ``transformer-base`` preset).
+        """
+        super().__init__()
+        if config.arch != "seq2seq":
+            raise LmforgeError(f"EncoderDecoder needs a config with arch='seq2seq'; got arch={config.arch!r}")
+        assert config.d_ff is not None
+        self.config = config
+        D, V, Lmax = config.d_model, config.vocab_size, config.max_seq_len
+        n_dec = config.n_decoder_layers if config.n_decoder_layers is not None else config.n_layers
+        if config.share_embeddings:
+            self.embedding = nn.Embedding(V, D)
+            self._src_table, self._tgt_table = "embedding", "embedding"
+        else:
+            self.src_embedding = nn.Embedding(V, D)
+            self.tgt_embedding = nn.Embedding(V, D)
+            self._src_table, self._tgt_table = "src_embedding", "tgt_embedding"
+        self.src_position: nn.Module | None = None
+        self.tgt_position: nn.Module | None = None
+        self.rotary: RotaryEmbedding | None = None
+        if config.positional == "learned":
+            self.src_position = LearnedPositional(Lmax, D)
+            self.tgt_position = LearnedPositional(Lmax, D)
+        elif config.positional == "sinusoidal":  # one fixed table (no parameters) serves both sides
+            self.src_position = self.tgt_position = SinusoidalPositional(D, Lmax)
+        else:
+            self.rotary = RotaryEmbedding(config.d_head, Lmax)
+        self.dropout = nn.Dropout(config.dropout)
+        common = dict(dropout=config.dropout, activation=config.activation, norm_first=config.norm_first,
+                      layer_norm_eps=config.layer_norm_eps, kernel=config.kernel, rotary=self.rotary)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(D, config.n_heads, config.d_ff, **common) for _ in range(config.n_layers))
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(D, config.n_heads, config.d_ff, cross_attention=True, **common) for _ in range(n_dec))
+        # The layers take one dropout for both places; the config separates the attention-weight dropout.
+        for layer in self.encoder_layers:
+            layer.self_attn.dropout = config.attention_dropout
+        for layer in self.decoder_layers:
+            layer.self_attn.dropout = config.attention_dropout
+            layer.cross_attn.dropout = config.attention_dropout
+        self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.decoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.lm_head = None if config.tie_embeddings else nn.Linear(D, V, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise as described in the class docstring."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding | LearnedPositional):
+                nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    @property
+    def src_embed(self) -> nn.Embedding:
+        """The source embedding table (the shared one with ``share_embeddings``)."""
+        return getattr(self, self._src_table)
+
+    @property
+    def tgt_embed(self) -> nn.Embedding:
+        """The target embedding table (the shared one with ``share_embeddings``)."""
+        return getattr(self, self._tgt_table)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """(V, D) the pre-softmax projection: the target embedding when tied, else ``lm_head.weight``."""
+        return self.tgt_embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def new_cache(self) -> Seq2SeqCache:
+        """An empty cache with one LayerCache per decoder layer."""
+        return Seq2SeqCache(len(self.decoder_layers))
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """(..., D) decoder states -> (..., V) vocabulary scores."""
+        return F.linear(hidden, self.output_weight)  # (..., V)
+
+    # ---------------------------------------------------------------------------------------------------- encoder
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Encode the source.
+
+        Args:
+            src_ids: (B, S) source token ids in [0, V).
+            src_mask: (B, S) 1 = real token, 0 = padding (left or right); None = no padding.
+
+        Returns:
+            memory (B, S, D). Rows at padded positions hold values that nothing attends to.
+        """
+        B, S = self._check_ids(src_ids, "src_ids")
+        self._check_length(S, 0, "source")
+        src_mask, positions = self._mask_and_positions(src_mask, B, S, 0, "src_mask")
+        x = self._embed(self.src_embed, self.src_position, src_ids, 0, positions)  # (B, S, D)
+        for layer in self.encoder_layers:
+            x = layer(x, attention_mask=src_mask).hidden  # (B, S, D)
+        return x if self.encoder_norm is None else self.encoder_norm(x)
+
+    # ---------------------------------------------------------------------------------------------------- decoder
+    def decode(
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: Seq2SeqCache | None = None,
+        output_attentions: bool = False,
+        return_logits: bool = True,
+    ) -> DecodeOutput:
+        """Decode T new target tokens against the memory (all at once for teacher forcing, or step by step with a
+        cache).
+
+        Args:
+            tgt_ids: (B, T) target token ids in [0, V) (shifted right: the first is the start token).
+            memory: (B, S, D) the output of ``encode``. Pass it on every call; with a filled cache its keys/values
+                are not projected again.
+            src_mask: (B, S) 1 = real source token.
+            tgt_mask: (B, P + T) 1 = real target token over the cached and the new positions; None = no padding.
+            cache: a Seq2SeqCache to read and extend (incremental decoding), e.g. ``model.new_cache()``.
+            output_attentions: also return self- and cross-attention weights of every decoder layer.
+            return_logits: False skips the vocabulary projection (logits None).
+
+        Returns:
+            DecodeOutput(logits (B, T, V), last_hidden_state (B, T, D), cache, self_attentions, cross_attentions).
+        """
+        B, T = self._check_ids(tgt_ids, "tgt_ids")
+        past = self._prepare_cache(cache, B)
+        self._check_length(T, past, "target")
+        if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != B \
+                or memory.shape[-1] != self.config.d_model:
+            shape = tuple(memory.shape) if isinstance(memory, Tensor) else type(memory).__name__
+            raise LmforgeError(
+                f"memory must be the encoder output (batch={B}, source length, d_model={self.config.d_model}); "
+                f"got {shape}")
+        S = memory.shape[1]
+        if src_mask is not None:
+            if src_mask.dim() != 2 or tuple(src_mask.shape) != (B, S):
+                raise LmforgeError(
+                    f"src_mask must be (batch={B}, source length={S}) with 1 = real token; got "
+                    f"{tuple(src_mask.shape)}")
+            src_mask = padding_to_key_mask(src_mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+        tgt_mask, positions = self._mask_and_positions(tgt_mask, B, past + T, past, "tgt_mask", T)
+        y = self._embed(self.tgt_embed, self.tgt_position, tgt_ids, past, positions)  # (B, T, D)
+        self_w: list[Tensor] = []
+        cross_w: list[Tensor] = []
+        for i, layer in enumerate(self.decoder_layers):
+            out = layer(y, memory, attention_mask=tgt_mask, memory_mask=src_mask, causal=True,
+                        cache=None if cache is None else cache.layers[i], need_weights=output_attentions)
+            y = out.hidden  # (B, T, D)
+            if output_attentions:
+                self_w.append(out.self_attn_weights)  # (B, H, T, P + T)
+                cross_w.append(out.cross_attn_weights)  # (B, H, T, S)
+        if self.decoder_norm is not None:
+            y = self.decoder_norm(y)
+        logits = self.lm_logits(y) if return_logits else None  # (B, T, V)
+        if not output_attentions:
+            return DecodeOutput(logits, y, cache)
+        return DecodeOutput(logits, y, cache, tuple(self_w), tuple(cross_w))
+
+    def forward(
+        self,
+        src_ids: Tensor,
+        tgt_ids: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> Seq2SeqOutput:
+        """Teacher forcing: encode the source, decode the whole (shifted) target at once.
+
+        Args:
+            src_ids: (B, S); tgt_ids: (B, T) token ids.
+            src_mask: (B, S), tgt_mask: (B, T); 1 = real token, 0 = padding.
+            output_attentions: also return decoder self- and cross-attention weights.
+
+        Returns:
+            Seq2SeqOutput(logits (B, T, V), last_hidden_state (B, T, D), memory (B, S, D), self_attentions,
+            cross_attentions).
+        """
+        memory = self.encode(src_ids, src_mask)  # (B, S, D)
+        out = self.decode(tgt_ids, memory, src_mask, tgt_mask, output_attentions=output_attentions)
+        assert out.logits is not None
+        return Seq2SeqOutput(out.logits, out.last_hidden_state, memory, out.self_attentions, out.cross_attentions)
+
+    # ---------------------------------------------------------------------------------------------------- helpers
+    def _embed(self, table: nn.Embedding, position: nn.Module | None, ids: Tensor, offset: int,
+               positions: Tensor | None) -> Tensor:
+        x = table(ids)  # (B, T, D)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)  # section 3.4
+        if position is not None:
+            x = position(x, offset=offset, positions=positions)  # (B, T, D)
+        return self.dropout(x)
+
+    def _mask_and_positions(self, mask: Tensor | None, B: int, S: int, past: int, name: str,
+                            T: int | None = None) -> tuple[Tensor | None, Tensor | None]:
+        # Validate a (B, S) boundary mask; derive the positions of the last T tokens; drop an all-ones mask so the
+        # kernels take their unmasked path.
+        if mask is None:
+            return None, None
+        if mask.dim() != 2 or tuple(mask.shape) != (B, S):
+            extra = f" (cached {past} + new {S - past})" if past else ""
+            raise LmforgeError(
+                f"{name} must be (batch={B}, length={S}{extra}) with 1 = real token; got {tuple(mask.shape)}")
+        mask = padding_to_key_mask(mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+        positions = None if self.rotary is not None else _positions_from_mask(mask, S if T is None else T)
+        return (None if bool(mask.all()) else mask), positions
+
+    def _check_ids(self, ids: Tensor, name: str) -> tuple[int, int]:
+        if not isinstance(ids, Tensor) or ids.dim() != 2:
+            shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+            raise LmforgeError(f"{name} must be a (batch, length) tensor of token ids; got {shape}")
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise LmforgeError(f"{name} must hold integer token ids; got dtype {ids.dtype}")
+        B, T = ids.shape
+        if B == 0 or T == 0:
+            raise LmforgeError(f"{name} is empty (shape {(B, T)}); pass at least one token per row")
+        V = self.config.vocab_size
+        lo, hi = int(ids.min()), int(ids.max())  # one sync; an out-of-range id would crash the embedding kernel
+        if lo < 0 or hi >= V:
+            raise LmforgeError(
+                f"{name}: token id {lo if lo < 0 else hi} is outside the vocabulary (size {V}; valid ids are "
+                f"0..{V - 1})")
+        return B, T
+
+    def _check_length(self, T: int, past: int, side: str) -> None:
+        Lmax = self.config.max_seq_len
+        if past + T > Lmax:
+            detail = f"(cached {past} + new {T}) " if past else ""
+            raise LmforgeError(
+                f"{side} length {past + T} {detail}exceeds max_seq_len={Lmax}; shorten the input or use a model "
+                "with more positions")
+
+    def _prepare_cache(self, cache: Seq2SeqCache | None, B: int) -> int:
+        if cache is None:
+            return 0
+        if not isinstance(cache, Seq2SeqCache):
+            raise LmforgeError(f"cache must be a Seq2SeqCache (model.new_cache()); got {type(cache).__name__}")
+        if not cache.layers:
+            cache.layers = [LayerCache() for _ in self.decoder_layers]
+        if len(cache.layers) != len(self.decoder_layers):
+            raise LmforgeError(
+                f"cache has {len(cache.layers)} layers but the model has {len(self.decoder_layers)} decoder layers")
+        cached_batch = cache.batch_size
+        if cached_batch is not None and cached_batch != B:
+            raise LmforgeError(
+                f"cache holds batch size {cached_batch} but tgt_ids has {B} rows; reorder the cache "
+                "(cache.reorder(index)) and the memory when the batch changes")
+        return cache.length
