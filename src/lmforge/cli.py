@@ -69,9 +69,26 @@ def setup_logging(quiet: bool = False) -> None:
     logger.propagate = False
 
 
+# Options whose values may start with "-" (layer indices such as -4,-3,-2,-1), which argparse would take for flags.
+NEGATIVE_VALUE_OPTIONS = ("--layers",)
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in NEGATIVE_VALUE_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     setup_logging(args.quiet)
     try:
         return args.run(args)

@@ -1,0 +1,212 @@
+"""BERT's pretraining heads: masked language model (MLM) and next-sentence prediction (NSP).
+
+Shape legend: B batch, T sequence length, D model dim, V vocabulary size, N number of gathered (masked) positions.
+
+``TaskModel(Encoder(cfg), BertPreTrainingHeads(cfg, encoder.get_input_embeddings().weight))`` is the BERT
+pretraining model; its state-dict keys are ``backbone.*`` and ``head.{mlm.dense, mlm.norm, mlm.bias,
+nsp.classifier}.*``. The MLM un-embedding is tied to the token embedding and is not a separate state-dict entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.nn.feedforward import ACTIVATIONS
+
+__all__ = [
+    "BertPreTrainingHeads",
+    "MaskedLMHead",
+    "NextSentenceHead",
+    "PreTrainingOutput",
+    "build_pretraining_head",
+    "gather_positions",
+]
+
+
+class PreTrainingOutput(NamedTuple):
+    """What ``BertPreTrainingHeads`` returns.
+
+    Attributes:
+        mlm_logits: (B, T, V), or (N, V) for the gathered positions when ``masked_positions`` was given.
+        nsp_logits: (B, 2); index 0 = "B follows A" (IsNext), 1 = random sentence (NotNext), as in BERT.
+    """
+
+    mlm_logits: Tensor
+    nsp_logits: Tensor
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's masked-LM head (Devlin et al. 2019, section 3.1, "Task #1: Masked LM"; the transform follows
+    Google's released code): ``logits = LayerNorm(act(h W + b)) E^T + bias``.
+
+    ``E`` is the token embedding weight (V, D), tied (Press & Wolf 2017): the same ``nn.Parameter`` object, used
+    but not saved by this module — its state dict holds ``dense.*``, ``norm.*`` and ``bias`` only, and loading one
+    does not ask for the tied weight. Moving or casting the whole model keeps the tie (the parameter object is
+    shared); replacing the embedding's parameter object (``load_state_dict(assign=True)``) needs a new head.
+    """
+
+    weight: nn.Parameter  # the tied (V, D) token embedding, not in the state dict
+
+    def __init__(self, embedding_weight: nn.Parameter, activation: str = "gelu", layer_norm_eps: float = 1e-12,
+                 init_std: float = 0.02) -> None:
+        """
+        Args:
+            embedding_weight: the (V, D) token embedding parameter to tie to.
+            activation: name in ``lmforge.nn.feedforward.ACTIVATIONS`` (BERT: exact "gelu").
+            layer_norm_eps: LayerNorm epsilon (BERT 1e-12).
+            init_std: standard deviation of the dense weight's normal initialisation.
+        """
+        super().__init__()
+        if not isinstance(embedding_weight, nn.Parameter) or embedding_weight.dim() != 2:
+            raise LmforgeError("MaskedLMHead needs the (vocab_size, d_model) token embedding nn.Parameter to tie "
+                               "to, e.g. encoder.get_input_embeddings().weight")
+        if activation not in ACTIVATIONS:
+            raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        V, D = embedding_weight.shape
+        self.activation_name = activation
+        self.activation = ACTIVATIONS[activation]
+        self.dense = nn.Linear(D, D)
+        self.norm = nn.LayerNorm(D, eps=layer_norm_eps)
+        self.weight = embedding_weight  # registered (so .to() and parameters() see it) but kept out of state_dict
+        self.bias = nn.Parameter(torch.zeros(V))  # BERT's per-token output bias
+        nn.init.normal_(self.dense.weight, std=init_std)
+        nn.init.zeros_(self.dense.bias)
+        self.register_state_dict_post_hook(_drop_tied_weight)
+        self.register_load_state_dict_pre_hook(_supply_tied_weight)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """
+        Args:
+            hidden: (..., D) hidden states, e.g. (B, T, D) or gathered (N, D).
+
+        Returns:
+            (..., V) vocabulary logits.
+        """
+        h = self.norm(self.activation(self.dense(hidden)))  # (..., D)
+        return F.linear(h, self.weight, self.bias)  # (..., V)
+
+    def extra_repr(self) -> str:
+        V, D = self.weight.shape
+        return f"d_model={D}, vocab_size={V}, activation={self.activation_name!r}, tied=True"
+
+
+def _drop_tied_weight(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    state_dict.pop(prefix + "weight", None)
+
+
+def _supply_tied_weight(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    # The tied weight is never saved, so a loaded state dict lacks it; point the entry at the parameter itself
+    # (a no-op copy; the embedding's own entry loads the values). torch hands hooks its own copy of the dict.
+    state_dict.setdefault(prefix + "weight", module.weight)
+
+
+class NextSentenceHead(nn.Module):
+    """BERT's next-sentence-prediction classifier (Devlin et al. 2019, section 3.1, "Task #2"): a linear map
+    from the pooled [CLS] representation to two classes (0 = IsNext, 1 = NotNext)."""
+
+    def __init__(self, d_model: int, init_std: float = 0.02) -> None:
+        """
+        Args:
+            d_model: D.
+            init_std: standard deviation of the weight's normal initialisation.
+        """
+        super().__init__()
+        self.classifier = nn.Linear(d_model, 2)
+        nn.init.normal_(self.classifier.weight, std=init_std)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """
+        Args:
+            pooled: (B, D) pooled output.
+
+        Returns:
+            (B, 2) logits.
+        """
+        return self.classifier(pooled)  # (B, 2)
+
+
+class BertPreTrainingHeads(nn.Module):
+    """Both BERT pretraining heads over an ``EncoderOutput`` (Devlin et al. 2019, section 3.1).
+
+    State-dict keys: ``mlm.dense.*``, ``mlm.norm.*``, ``mlm.bias``, ``nsp.classifier.*`` (the MLM un-embedding is
+    tied to ``embedding_weight`` and not saved here).
+    """
+
+    def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter) -> None:
+        """
+        Args:
+            config: uses activation, layer_norm_eps, init_std, d_model (must match the embedding width).
+            embedding_weight: the encoder's token embedding parameter, ``encoder.get_input_embeddings().weight``.
+        """
+        super().__init__()
+        if not config.tie_embeddings:
+            raise LmforgeError("BertPreTrainingHeads ties the MLM un-embedding to the token embedding; "
+                               "tie_embeddings=False is not supported")
+        if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, config.d_model):
+            raise LmforgeError(f"embedding_weight has shape {tuple(embedding_weight.shape)} but the config says "
+                               f"(vocab_size={config.vocab_size}, d_model={config.d_model})")
+        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+        self.nsp = NextSentenceHead(config.d_model, config.init_std)
+
+    def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:
+        """
+        Args:
+            encoder_output: an ``EncoderOutput`` (uses ``last_hidden_state`` (B, T, D) and ``pooled_output`` (B, D)).
+            masked_positions: optional; either an (N, 2) integer tensor of (batch, position) pairs or a (B, T)
+                bool mask. Only those hidden states go through the (expensive) vocabulary projection.
+
+        Returns:
+            PreTrainingOutput(mlm_logits (B, T, V) or (N, V), nsp_logits (B, 2)).
+        """
+        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        if masked_positions is not None:
+            hidden = gather_positions(hidden, masked_positions)  # (N, D)
+        return PreTrainingOutput(self.mlm(hidden), self.nsp(encoder_output.pooled_output))
+
+
+def build_pretraining_head(config: ModelConfig, backbone: nn.Module) -> BertPreTrainingHeads:
+    """The ``{"type": "pretraining"}`` builder of ``lmforge.heads.build_head``: heads tied to ``backbone``'s
+    token embedding (``backbone.get_input_embeddings().weight``)."""
+    get = getattr(backbone, "get_input_embeddings", None)
+    if get is None:
+        raise LmforgeError(f"the pretraining head ties to the backbone's token embedding, but "
+                           f"{type(backbone).__name__} has no get_input_embeddings()")
+    return BertPreTrainingHeads(config, get().weight)
+
+
+def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
+    """Pick hidden states at given positions.
+
+    Args:
+        hidden: (B, T, D).
+        positions: (N, 2) integer (batch, position) pairs, or a (B, T) bool mask (row-major order, as
+            ``hidden[mask]``).
+
+    Returns:
+        (N, D).
+    """
+    B, T, _ = hidden.shape
+    if positions.dtype == torch.bool:
+        if tuple(positions.shape) != (B, T):
+            raise LmforgeError(f"a bool masked_positions mask must be (batch={B}, length={T}); got "
+                               f"{tuple(positions.shape)}")
+        return hidden[positions]  # (N, D)
+    if positions.is_floating_point() or positions.is_complex():
+        raise LmforgeError(f"masked_positions must be (N, 2) integer pairs or a (B, T) bool mask; got dtype "
+                           f"{positions.dtype}")
+    if positions.dim() != 2 or positions.shape[1] != 2:
+        raise LmforgeError(f"masked_positions must be (N, 2) (batch, position) pairs; got shape "
+                           f"{tuple(positions.shape)}")
+    if positions.numel():
+        lo, hi = torch.aminmax(positions, dim=0)  # (2,), (2,)
+        if int(lo.min()) < 0 or int(hi[0]) >= B or int(hi[1]) >= T:
+            raise LmforgeError(f"masked_positions hold (batch, position) pairs up to ({int(hi[0])}, {int(hi[1])}) "
+                               f"and down to ({int(lo[0])}, {int(lo[1])}); they must lie in [0, {B}) x [0, {T})")
+    return hidden[positions[:, 0], positions[:, 1]]  # (N, D)

@@ -1,0 +1,318 @@
+"""BERT: a bidirectional Transformer encoder (Devlin et al. 2019).
+
+Shape legend: B batch, T sequence length, D model dim (d_model), H heads, V vocabulary size, L layers,
+G segment (token type) vocabulary size.
+
+    input_ids (B, T) ──► token + position + segment embeddings ─► LayerNorm ─► dropout      (B, T, D)
+                     ──► L x EncoderLayer (self-attention, feed-forward; post-LN or pre-LN) (B, T, D)
+                     ──► final LayerNorm (pre-LN only)                     = last_hidden_state (B, T, D)
+                     ──► pooler: tanh(W h_[CLS] + b)                       = pooled_output     (B, D)
+
+Masks follow ``lmforge.nn.masks``: ``attention_mask`` (B, T) with 1 = real token, 0 = padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.nn.layers import EncoderLayer
+from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
+
+__all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "init_bert_weights"]
+
+
+class EncoderOutput(NamedTuple):
+    """What ``Encoder.forward`` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D) output of the last layer (after the final LayerNorm in pre-LN mode).
+        pooled_output: (B, D) ``tanh(dense(h_[CLS]))``, the sentence representation BERT's NSP head uses.
+        hidden_states: with ``output_hidden_states=True``, L + 1 tensors (B, T, D): the embeddings output, then
+            each layer's output (the last one equals ``last_hidden_state``); else None.
+        attentions: with ``output_attentions``, L entries: (B, H, T, T) weights for each requested layer and None
+            for the others; else None.
+    """
+
+    last_hidden_state: Tensor
+    pooled_output: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor | None, ...] | None = None
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation of one module: weights N(0, std), biases 0, LayerNorm weight 1 and bias 0.
+
+    Meant for ``model.apply(lambda m: init_bert_weights(m, std))``. Deviation from Hugging Face: the padding row
+    of the token embedding is not zeroed (nor is it in Google's BERT); padded positions never reach a loss.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding | LearnedPositional):
+        nn.init.normal_(module.weight, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class EncoderEmbeddings(nn.Module):
+    """BERT's input representation (Devlin et al. 2019, section 3, figure 2): token + segment + position
+    embeddings, then LayerNorm and dropout.
+
+    Positions: ``"learned"`` (BERT) or ``"sinusoidal"`` tables are added here; with ``"rotary"`` nothing is added
+    (the rotation happens inside attention) and ``positions`` is None.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: uses vocab_size, d_model, max_seq_len, positional, type_vocab_size, layer_norm_eps, dropout.
+        """
+        super().__init__()
+        D = config.d_model
+        self.tokens = nn.Embedding(config.vocab_size, D)
+        self.positions: LearnedPositional | SinusoidalPositional | None = None
+        if config.positional == "learned":
+            self.positions = LearnedPositional(config.max_seq_len, D)
+        elif config.positional == "sinusoidal":
+            self.positions = SinusoidalPositional(D, config.max_seq_len)
+        self.segments = nn.Embedding(config.type_vocab_size, D)
+        self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        """
+        Args:
+            input_ids: (B, T) token ids (already checked by ``Encoder``).
+            token_type_ids: (B, T) segment ids, default all 0 (segment A).
+            position_ids: (B, T) or (T,) positions, default 0 .. T - 1.
+
+        Returns:
+            (B, T, D) embeddings.
+        """
+        x = self.tokens(input_ids)  # (B, T, D)
+        if token_type_ids is None:
+            x = x + self.segments.weight[0]  # (B, T, D) all segment A: a broadcast add, no gather
+        else:
+            x = x + self.segments(token_type_ids)  # (B, T, D)
+        if self.positions is not None:
+            x = self.positions(x, positions=position_ids)  # (B, T, D) adds the position rows
+        return self.dropout(self.norm(x))  # (B, T, D)
+
+
+class Pooler(nn.Module):
+    """BERT's pooler (Devlin et al. 2019, section 3): ``tanh(W h_[CLS] + b)`` on the first token's state."""
+
+    def __init__(self, d_model: int) -> None:
+        """
+        Args:
+            d_model: D.
+        """
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """
+        Args:
+            hidden: (B, T, D) last hidden states.
+
+        Returns:
+            (B, D) pooled output.
+        """
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, D)
+
+
+class Encoder(nn.Module):
+    """BERT encoder, Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
+    Understanding" (NAACL): embeddings, ``n_layers`` Transformer encoder layers (Vaswani et al. 2017), pooler.
+
+    ``norm_first=False`` is BERT's post-LN block; ``norm_first=True`` is the pre-LN block (Xiong et al. 2020) and
+    adds a final LayerNorm after the last layer (``final_norm``; an Identity without parameters in post-LN mode).
+
+    Deviations and choices, all named:
+        - ``config.positional``: "learned" (BERT), "sinusoidal" (Vaswani et al.) or "rotary" (Su et al. 2021; one
+          ``RotaryEmbedding`` shared by every layer's self-attention, no position table, no ``position_ids``).
+        - Attention-probability dropout is ``config.attention_dropout`` and residual/embedding dropout
+          ``config.dropout`` (BERT's attention_probs_dropout_prob and hidden_dropout_prob).
+        - Fully padded sequences give finite (meaningless) outputs, never NaN (``lmforge.nn.masks``).
+
+    State-dict keys: ``embeddings.{tokens,positions,segments,norm}.*``,
+    ``layers.{i}.{self_attn.{q,k,v,out}_proj, self_attn_norm, ffn.fc1, ffn.fc2, ffn_norm}.*``,
+    ``final_norm.*`` (pre-LN only), ``pooler.dense.*``. None depend on the kernel or the output flags.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: a ``ModelConfig`` (``arch`` is not checked, so a seq2seq config's encoder side works too).
+        """
+        super().__init__()
+        self.config = config
+        rotary = RotaryEmbedding(config.d_head, config.max_seq_len) if config.positional == "rotary" else None
+        self.embeddings = EncoderEmbeddings(config)
+        self.layers = nn.ModuleList()
+        for _ in range(config.n_layers):
+            layer = EncoderLayer(
+                config.d_model, config.n_heads, config.d_ff, dropout=config.dropout, activation=config.activation,
+                norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
+                rotary=rotary)
+            # EncoderLayer has one dropout rate for both uses; BERT keeps a separate attention-probability rate.
+            layer.self_attn.dropout = config.attention_dropout
+            self.layers.append(layer)
+        self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first \
+            else nn.Identity()
+        self.pooler = Pooler(config.d_model)
+        self.apply(lambda m: init_bert_weights(m, config.init_std))
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (V, D); output heads tie their un-embedding to its ``weight``."""
+        return self.embeddings.tokens
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool | Sequence[int] = False,
+    ) -> EncoderOutput:
+        """Encode a batch of token sequences.
+
+        Args:
+            input_ids: (B, T) integer token ids in [0, vocab_size).
+            attention_mask: (B, T) with 1 = real token, 0 = padding (bool, integer or 0./1. float); default all
+                real. Padding is masked as a key; padded positions still get (ignorable) outputs.
+            token_type_ids: (B, T) segment ids in [0, type_vocab_size); default all 0.
+            position_ids: (B, T) or (T,) positions in [0, max_seq_len); default 0 .. T - 1. Not with rotary.
+            output_hidden_states: also return the embeddings output and every layer's output.
+            output_attentions: True for every layer's attention weights, or a sequence of layer indices (negative
+                counts from the end); only those layers run the weight-capturing (math) path.
+
+        Returns:
+            EncoderOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions).
+
+        Raises:
+            LmforgeError: bad input (shape, dtype, an id outside its vocabulary, a sequence longer than
+                max_seq_len); the message names the value and the limit.
+        """
+        self._check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
+        key_mask = _key_padding_mask(attention_mask)  # (B, T) bool, or None when nothing is padded
+        wanted = self._attention_layers(output_attentions)  # layer indices whose weights are returned
+
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, D)
+        hidden_states = [x] if output_hidden_states else None
+        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        for i, layer in enumerate(self.layers):
+            out = layer(x, attention_mask=key_mask, need_weights=i in wanted)
+            x = out.hidden  # (B, T, D)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
+        x = self.final_norm(x)  # (B, T, D); Identity in post-LN mode
+        if hidden_states is not None:
+            hidden_states[-1] = x  # the last entry is always last_hidden_state (normed in pre-LN mode)
+        pooled = self.pooler(x)  # (B, D)
+        return EncoderOutput(
+            x, pooled,
+            None if hidden_states is None else tuple(hidden_states),
+            None if attentions is None else tuple(attentions))
+
+    # ------------------------------------------------------------------ input checks
+    def _attention_layers(self, output_attentions: bool | Sequence[int]) -> frozenset[int]:
+        n = len(self.layers)
+        if isinstance(output_attentions, bool):
+            return frozenset(range(n)) if output_attentions else frozenset()
+        wanted = set()
+        for i in output_attentions:
+            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+                raise LmforgeError(f"output_attentions: layer index {i!r} is not in [-{n}, {n}) for a {n}-layer "
+                                   "encoder")
+            wanted.add(i % n)
+        return frozenset(wanted)
+
+    def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
+                      position_ids: Tensor | None) -> None:
+        cfg = self.config
+        _check_ids(input_ids, "input_ids")
+        if input_ids.dim() != 2:
+            hint = " (add a batch dimension: input_ids.unsqueeze(0))" if input_ids.dim() == 1 else ""
+            raise LmforgeError(f"input_ids must be (batch, length); got shape {tuple(input_ids.shape)}{hint}")
+        B, T = input_ids.shape
+        if T == 0:
+            raise LmforgeError("input_ids has length 0; every sequence needs at least one token ([CLS])")
+        if T > cfg.max_seq_len:
+            raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
+                               f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
+        _check_range(input_ids, "token id", f"the vocabulary of size {cfg.vocab_size}", cfg.vocab_size)
+        if token_type_ids is not None:
+            _check_ids(token_type_ids, "token_type_ids")
+            if token_type_ids.shape != input_ids.shape:
+                raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
+                                   f"{tuple(token_type_ids.shape)}")
+            _check_range(token_type_ids, "token type id", f"type_vocab_size={cfg.type_vocab_size}", cfg.type_vocab_size)
+        if attention_mask is not None:
+            if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != (B, T):
+                got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask)
+                raise LmforgeError(f"attention_mask must be (batch={B}, length={T}) like input_ids, with 1 = real "
+                                   f"token and 0 = padding; got shape {got}")
+            if attention_mask.is_complex():
+                raise LmforgeError(f"attention_mask must be bool, integer or float; got dtype {attention_mask.dtype}")
+        if position_ids is not None:
+            if cfg.positional == "rotary":
+                raise LmforgeError("position_ids cannot be given with rotary positions (they are always "
+                                   "0 .. T - 1); leave position_ids=None")
+            _check_ids(position_ids, "position_ids")
+            if tuple(position_ids.shape) not in ((B, T), (T,)):
+                raise LmforgeError(f"position_ids must be (batch={B}, length={T}) or (length={T},); got "
+                                   f"{tuple(position_ids.shape)}")
+            _check_range(position_ids, "position id", f"max_seq_len={cfg.max_seq_len}", cfg.max_seq_len)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"n_layers={c.n_layers}, d_model={c.d_model}, n_heads={c.n_heads}, d_ff={c.d_ff}, "
+                f"norm_first={c.norm_first}, positional={c.positional!r}")
+
+
+def _check_ids(ids: object, name: str) -> None:
+    if not isinstance(ids, Tensor):
+        raise LmforgeError(f"{name} must be a torch tensor of integer ids; got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise LmforgeError(f"{name} must hold integers (torch.long); got dtype {ids.dtype}")
+
+
+def _check_range(ids: Tensor, what: str, limit: str, size: int) -> None:
+    """Raise naming the first id outside [0, size) and where it is; one reduction (and device sync) when all ok."""
+    lo, hi = torch.aminmax(ids)
+    if int(lo) >= 0 and int(hi) < size:
+        return
+    bad = ((ids < 0) | (ids >= size)).nonzero()[0].tolist()  # first offending index
+    value = int(ids[tuple(bad)])
+    where = f" at (batch {bad[0]}, position {bad[1]})" if len(bad) == 2 else f" at position {bad[0]}"
+    raise LmforgeError(f"{what} {value}{where} is outside {limit} (valid ids are 0 .. {size - 1})")
+
+
+def _key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
+    """(B, T) 1/0 mask -> (B, T) bool (True = real token), or None when every token is real.
+
+    Done once per forward pass, not per layer; None lets the SDPA kernel take its unmasked fast path.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype == torch.bool:
+        keep = attention_mask
+    else:
+        if attention_mask.is_floating_point() and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise LmforgeError("attention_mask holds values other than 0 and 1 (an additive mask?); pass 1 = real "
+                               "token, 0 = padding")
+        keep = attention_mask != 0  # (B, T)
+    return None if bool(keep.all()) else keep
