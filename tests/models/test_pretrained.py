@@ -120,3 +120,17 @@ def test_corrupt_and_missing_files(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(LmforgeError, match="no config.json"):
         load_pretrained(tmp_path / "empty")
+
+
+def test_hugging_face_masked_lm_folder_loads_with_fresh_nsp(tmp_path, caplog):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=99, hidden_size=12, num_attention_heads=3, num_hidden_layers=2,
+                                     intermediate_size=37, max_position_embeddings=16)
+    reference = transformers.BertForMaskedLM(config).eval()
+    reference.save_pretrained(str(tmp_path / "hf"))
+    with caplog.at_level("WARNING", logger="lmforge"):
+        loaded = load_pretrained(tmp_path / "hf")
+    assert "head.nsp.classifier" in caplog.text and "backbone.pooler.dense" in caplog.text
+    ids = torch.randint(0, 99, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).mlm_logits, reference(ids).logits, atol=1e-5, rtol=1e-5)

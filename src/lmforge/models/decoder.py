@@ -163,13 +163,11 @@ class Decoder(nn.Module):
             self.rotary = RotaryEmbedding(config.d_head, config.max_seq_len)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
-            DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout, activation=config.activation,
+            DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
+                         attention_dropout=config.attention_dropout, activation=config.activation,
                          norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
                          rotary=self.rotary, cross_attention=False)
             for _ in range(L))
-        for layer in self.layers:
-            # DecoderLayer takes one dropout for both places; the config separates the attention-weight dropout.
-            layer.self_attn.dropout = config.attention_dropout
         self.final_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, config.vocab_size, bias=False)
         self.reset_parameters()

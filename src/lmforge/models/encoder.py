@@ -161,11 +161,10 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList()
         for _ in range(config.n_layers):
             layer = EncoderLayer(
-                config.d_model, config.n_heads, config.d_ff, dropout=config.dropout, activation=config.activation,
+                config.d_model, config.n_heads, config.d_ff, dropout=config.dropout,
+                attention_dropout=config.attention_dropout, activation=config.activation,
                 norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
                 rotary=rotary)
-            # EncoderLayer has one dropout rate for both uses; BERT keeps a separate attention-probability rate.
-            layer.self_attn.dropout = config.attention_dropout
             self.layers.append(layer)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first \
             else nn.Identity()

@@ -15,6 +15,7 @@ converted on the fly by ``lmforge.interop``.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from lmforge import __version__
 from lmforge.config import ModelConfig, from_dict, to_dict
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_write
+
+log = logging.getLogger("lmforge")
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -224,12 +227,18 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
         encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
         head = {"type": "pretraining"} if (heads_sd is not None and with_head) else None
         model = build_model(config, head)
+        # BertForMaskedLM checkpoints have no pooler and no NSP classifier: those start from fresh weights.
         if head is None:
-            load_state(model, encoder_sd, {}, str(directory / WEIGHTS_NAME))
+            state, optional = encoder_sd, ("pooler.",)
         else:
             state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()},
                      **{f"head.{k}": v for k, v in heads_sd.items()}}
-            load_state(model, state, _tied_aliases(model), str(directory / WEIGHTS_NAME))
+            optional = ("backbone.pooler.", "head.nsp.")
+        fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
+        if fresh:
+            log.warning("%s has no weights for %s; they keep their random initialisation", directory,
+                        ", ".join(fresh))
+        load_state(model, state, _tied_aliases(model), str(directory / WEIGHTS_NAME), allow_missing=optional)
     elif hf_type == "gpt2":
         from lmforge.interop import hf_gpt2
 

@@ -174,18 +174,13 @@ class EncoderDecoder(nn.Module):
         else:
             self.rotary = RotaryEmbedding(config.d_head, Lmax)
         self.dropout = nn.Dropout(config.dropout)
-        common = dict(dropout=config.dropout, activation=config.activation, norm_first=config.norm_first,
+        common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout,
+                      activation=config.activation, norm_first=config.norm_first,
                       layer_norm_eps=config.layer_norm_eps, kernel=config.kernel, rotary=self.rotary)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(D, config.n_heads, config.d_ff, **common) for _ in range(config.n_layers))
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(D, config.n_heads, config.d_ff, cross_attention=True, **common) for _ in range(n_dec))
-        # The layers take one dropout for both places; the config separates the attention-weight dropout.
-        for layer in self.encoder_layers:
-            layer.self_attn.dropout = config.attention_dropout
-        for layer in self.decoder_layers:
-            layer.self_attn.dropout = config.attention_dropout
-            layer.cross_attn.dropout = config.attention_dropout
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.decoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, V, bias=False)

@@ -358,6 +358,8 @@ def sdpa_attention(
     mask = _fold_causal(mask, is_causal, T, S, q.device)
     assert mask is not None
     safe_mask, row_valid = guard_empty_rows(mask)  # (B|1, H|1, T, S), (B|1, H|1, T, 1)
+    if bool(row_valid.all()):  # the usual case (right padding, no empty rows): skip two full-size copies
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(~row_valid, 0.0)  # (B, H, T, Dh)
 

@@ -60,8 +60,9 @@ def _check_dropout(dropout: float) -> None:
 class EncoderLayer(nn.Module):
     """Transformer encoder layer, Vaswani et al. 2017, section 3.1: self-attention, then feed-forward.
 
-    ``dropout`` is used for the attention weights and for each sublayer output, as in BERT and GPT-2 (the paper
-    mentions only the latter). The feed-forward hidden layer has no dropout (as in the paper, BERT and GPT-2).
+    ``dropout`` acts on each sublayer output and ``attention_dropout`` (default: ``dropout``) on the attention
+    weights, as in BERT and GPT-2 (the paper mentions only the former). The feed-forward hidden layer has no
+    dropout (as in the paper, BERT and GPT-2).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class EncoderLayer(nn.Module):
         d_ff: int,
         *,
         dropout: float = 0.1,
+        attention_dropout: float | None = None,
         activation: str = "gelu",
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
@@ -83,7 +85,8 @@ class EncoderLayer(nn.Module):
             d_model: D.
             n_heads: H (must divide D).
             d_ff: feed-forward hidden width.
-            dropout: attention-weight and residual dropout.
+            dropout: residual (sublayer output) dropout.
+            attention_dropout: attention-weight dropout; None uses ``dropout``.
             activation: feed-forward activation name (``lmforge.nn.feedforward.ACTIVATIONS``).
             norm_first: pre-LN (True) or post-LN (False).
             layer_norm_eps: LayerNorm epsilon (BERT 1e-12, GPT-2 1e-5).
@@ -93,8 +96,11 @@ class EncoderLayer(nn.Module):
         """
         super().__init__()
         _check_dropout(dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        _check_dropout(attention_dropout)
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, rotary=rotary)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias=bias, kernel=kernel,
+                                            rotary=rotary)
         self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -141,6 +147,7 @@ class DecoderLayer(nn.Module):
         d_ff: int,
         *,
         dropout: float = 0.1,
+        attention_dropout: float | None = None,
         activation: str = "gelu",
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
@@ -152,20 +159,25 @@ class DecoderLayer(nn.Module):
     ) -> None:
         """
         Args:
-            d_model, n_heads, d_ff, dropout, activation, norm_first, layer_norm_eps, bias, kernel, rotary:
+            d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first, layer_norm_eps, bias, kernel,
+            rotary:
                 as in ``EncoderLayer`` (rotary acts on the self-attention only).
             cross_attention: include the cross-attention sublayer (False for decoder-only models).
             d_memory: width of the encoder output, when it differs from D.
         """
         super().__init__()
         _check_dropout(dropout)
+        attention_dropout = dropout if attention_dropout is None else attention_dropout
+        _check_dropout(attention_dropout)
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, rotary=rotary)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias=bias, kernel=kernel,
+                                            rotary=rotary)
         self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.cross_attn: MultiHeadAttention | None = None
         self.cross_attn_norm: nn.LayerNorm | None = None
         if cross_attention:
-            self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout, bias=bias, kernel=kernel, d_kv=d_memory)
+            self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias=bias, kernel=kernel,
+                                                 d_kv=d_memory)
             self.cross_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
