@@ -244,3 +244,110 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 def _deep_copy(values: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in values.items()}
+
+
+SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
+PRECISIONS = ("fp32", "bf16")
+OBJECTIVES = ("mlm+nsp", "mlm", "span", "clm")
+MASKINGS = ("token", "whole_word", "span")
+
+
+@dataclass
+class TrainConfig:
+    """How the Trainer optimises: batch, schedule, precision, evaluation, logging and checkpoints.
+
+    ``batch_size`` is the global number of sequences per optimizer step; each process runs micro-batches of
+    ``micro_batch_size`` (default: the whole share of one process) and accumulates
+    ``batch_size / (micro_batch_size * world_size)`` of them.
+    """
+
+    max_steps: int = 1000
+    batch_size: int = 32
+    micro_batch_size: int | None = None
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    schedule: str = "linear"
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.01
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float = 1.0
+    precision: str = "fp32"
+    eval_every: int = 0
+    eval_batches: int = 20
+    log_every: int = 10
+    save_every: int = 0
+    keep_last: int = 2
+    seed: int = 0
+    tensorboard: bool = False
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.schedule not in SCHEDULES:
+            problems.append(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            problems.append(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        for name in ("max_steps", "batch_size", "log_every", "eval_batches"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            problems.append(f"micro_batch_size={self.micro_batch_size} must be >= 1")
+        for name in ("eval_every", "save_every", "keep_last"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name}={getattr(self, name)} must be >= 0 (0 = off / keep all)")
+        if self.lr <= 0:
+            problems.append(f"lr={self.lr} must be positive")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        if problems:
+            raise LmforgeError("invalid train config: " + "; ".join(problems))
+
+    def warmup(self) -> int:
+        """Warm-up steps: ``warmup_steps`` when given, else ``warmup_ratio * max_steps``."""
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
+
+
+@dataclass
+class DataConfig:
+    """Pretraining data: prepared shards, instance creation and masking (google-research/bert, SpanBERT)."""
+
+    path: str = ""
+    objective: str = "mlm+nsp"
+    seq_len: int = 128
+    short_seq_prob: float = 0.1
+    nsp_prob: float = 0.5
+    masking: str = "token"
+    mask_prob: float = 0.15
+    max_predictions: int = 20
+    mask_token_ratio: float = 0.8
+    random_token_ratio: float = 0.1
+    span_p: float = 0.2
+    max_span_len: int = 10
+    static: bool = False
+    dupe_factor: int = 5
+    eval_fraction: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.objective not in OBJECTIVES:
+            problems.append(f"objective={self.objective!r} is not one of {', '.join(OBJECTIVES)}")
+        if self.masking not in MASKINGS:
+            problems.append(f"masking={self.masking!r} is not one of {', '.join(MASKINGS)}")
+        if self.seq_len < 8:
+            problems.append(f"seq_len={self.seq_len} must be >= 8")
+        for name in ("short_seq_prob", "nsp_prob", "mask_prob", "mask_token_ratio", "random_token_ratio",
+                     "eval_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1]")
+        if self.mask_token_ratio + self.random_token_ratio > 1.0:
+            problems.append(f"mask_token_ratio + random_token_ratio = "
+                            f"{self.mask_token_ratio + self.random_token_ratio} exceeds 1")
+        if not 0.0 < self.span_p <= 1.0:
+            problems.append(f"span_p={self.span_p} must be in (0, 1]")
+        if self.max_span_len < 1 or self.max_predictions < 1 or self.dupe_factor < 1:
+            problems.append("max_span_len, max_predictions and dupe_factor must be >= 1")
+        if problems:
+            raise LmforgeError("invalid data config: " + "; ".join(problems))
