@@ -18,6 +18,8 @@ from lmforge.heads.base import TaskModel
 # head type -> (module, builder function name); builders take (config, backbone, **options)
 _BUILDERS = {
     "pretraining": ("lmforge.heads.pretraining", "build_pretraining_head"),
+    "mlm": ("lmforge.heads.pretraining", "build_mlm_head"),
+    "span": ("lmforge.heads.pretraining", "build_span_head"),
 }
 
 

@@ -21,6 +21,9 @@ from lmforge.nn.feedforward import ACTIVATIONS
 
 __all__ = [
     "BertPreTrainingHeads",
+    "MaskedLMHeads",
+    "SpanBertHeads",
+    "SpanBoundaryHead",
     "MaskedLMHead",
     "NextSentenceHead",
     "PreTrainingOutput",
@@ -30,15 +33,18 @@ __all__ = [
 
 
 class PreTrainingOutput(NamedTuple):
-    """What ``BertPreTrainingHeads`` returns.
+    """What the pretraining heads return (a head that lacks a part gives None for it).
 
     Attributes:
         mlm_logits: (B, T, V), or (N, V) for the gathered positions when ``masked_positions`` was given.
         nsp_logits: (B, 2); index 0 = "B follows A" (IsNext), 1 = random sentence (NotNext), as in BERT.
+        sbo_logits: (N, V) span-boundary predictions of the masked tokens (SpanBERT), in the order of
+            ``masked_positions``.
     """
 
     mlm_logits: Tensor
-    nsp_logits: Tensor
+    nsp_logits: Tensor | None = None
+    sbo_logits: Tensor | None = None
 
 
 class MaskedLMHead(nn.Module):
@@ -210,3 +216,136 @@ def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
             raise LmforgeError(f"masked_positions hold (batch, position) pairs up to ({int(hi[0])}, {int(hi[1])}) "
                                f"and down to ({int(lo[0])}, {int(lo[1])}); they must lie in [0, {B}) x [0, {T})")
     return hidden[positions[:, 0], positions[:, 1]]  # (N, D)
+
+
+def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str) -> None:
+    if not config.tie_embeddings:
+        raise LmforgeError(f"{who} ties the un-embedding to the token embedding; tie_embeddings=False is not "
+                           "supported")
+    if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, config.d_model):
+        raise LmforgeError(f"embedding_weight has shape {tuple(embedding_weight.shape)} but the config says "
+                           f"(vocab_size={config.vocab_size}, d_model={config.d_model})")
+
+
+class MaskedLMHeads(nn.Module):
+    """The MLM head alone, for RoBERTa-style pretraining without next-sentence prediction (Liu et al., 2019).
+
+    State-dict keys: ``mlm.dense.*``, ``mlm.norm.*``, ``mlm.bias`` (the same names as in BertPreTrainingHeads).
+    """
+
+    def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter) -> None:
+        super().__init__()
+        _check_tied(config, embedding_weight, "MaskedLMHeads")
+        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+
+    def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:
+        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        if masked_positions is not None:
+            hidden = gather_positions(hidden, masked_positions)  # (N, D)
+        return PreTrainingOutput(self.mlm(hidden))
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective (Joshi et al., 2020, section 3.2).
+
+    Each token x_i of a masked span (s, e) is predicted from the encodings of the two boundary tokens
+    x_{s-1}, x_{e+1} and a relative-position embedding p_{i-s+1}, through a 2-layer feed-forward network with
+    GELU and layer normalisation:
+
+        h = LayerNorm(GELU(W1 [x_{s-1}; x_{e+1}; p_{i-s+1}]))
+        y = LayerNorm(GELU(W2 h))
+        logits = y E^T + b       (E tied to the token embedding, as the MLM head)
+
+    State-dict keys: ``position.weight`` (max_span_len, D), ``fc1.*``, ``norm1.*``, ``fc2.*``, ``norm2.*``,
+    ``bias``.
+    """
+
+    def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter, max_span_len: int = 10) -> None:
+        super().__init__()
+        if max_span_len < 1:
+            raise LmforgeError(f"max_span_len must be >= 1, got {max_span_len}")
+        D = config.d_model
+        self.max_span_len = max_span_len
+        self.position = nn.Embedding(max_span_len, D)
+        self.fc1 = nn.Linear(3 * D, D)
+        self.norm1 = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.fc2 = nn.Linear(D, D)
+        self.norm2 = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.weight = embedding_weight  # tied, not saved (the MLM head's hooks pattern)
+        self.register_state_dict_post_hook(_drop_tied_weight)
+        self.register_load_state_dict_pre_hook(_supply_tied_weight)
+        for module in (self.position, self.fc1, self.fc2):
+            nn.init.normal_(module.weight, std=config.init_std)
+        nn.init.zeros_(self.fc1.bias)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, hidden: Tensor, rows: Tensor, left: Tensor, right: Tensor, offset: Tensor) -> Tensor:
+        """
+        Args:
+            hidden: (B, T, D) encoder output.
+            rows: (N,) batch index of each predicted token.
+            left, right: (N,) positions of the boundary tokens just before and after its span.
+            offset: (N,) 0-based position of the token inside its span (< max_span_len).
+
+        Returns:
+            (N, V) logits.
+        """
+        if offset.numel() and int(offset.max()) >= self.max_span_len:
+            raise LmforgeError(f"a span offset of {int(offset.max())} exceeds max_span_len={self.max_span_len}")
+        x = torch.cat([hidden[rows, left], hidden[rows, right], self.position(offset)], dim=-1)  # (N, 3D)
+        h = self.norm1(F.gelu(self.fc1(x)))  # (N, D)
+        y = self.norm2(F.gelu(self.fc2(h)))  # (N, D)
+        return F.linear(y, self.weight, self.bias)  # (N, V)
+
+
+class SpanBertHeads(nn.Module):
+    """SpanBERT's pretraining heads: MLM plus the span boundary objective (no NSP, as in the paper).
+
+    State-dict keys: ``mlm.*`` (as BertPreTrainingHeads) and ``sbo.*`` (SpanBoundaryHead).
+    """
+
+    def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter, max_span_len: int = 10) -> None:
+        super().__init__()
+        _check_tied(config, embedding_weight, "SpanBertHeads")
+        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+        self.sbo = SpanBoundaryHead(config, embedding_weight, max_span_len)
+
+    def forward(self, encoder_output: Any, masked_positions: Tensor | None = None, sbo_left: Tensor | None = None,
+                sbo_right: Tensor | None = None, sbo_offset: Tensor | None = None) -> PreTrainingOutput:
+        """
+        Args:
+            encoder_output: an ``EncoderOutput``.
+            masked_positions: (B, T) bool mask of the predicted tokens.
+            sbo_left, sbo_right, sbo_offset: (B, T) span boundaries and offsets (read where the mask is True).
+        """
+        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        if masked_positions is None:
+            return PreTrainingOutput(self.mlm(hidden))
+        if masked_positions.dtype != torch.bool:
+            raise LmforgeError("SpanBertHeads needs masked_positions as a (B, T) bool mask")
+        mlm_logits = self.mlm(gather_positions(hidden, masked_positions))  # (N, V)
+        if sbo_left is None or sbo_right is None or sbo_offset is None:
+            return PreTrainingOutput(mlm_logits)
+        rows = masked_positions.nonzero()[:, 0]  # (N,) row-major, the order of hidden[mask]
+        sbo_logits = self.sbo(hidden, rows, sbo_left[masked_positions], sbo_right[masked_positions],
+                              sbo_offset[masked_positions])  # (N, V)
+        return PreTrainingOutput(mlm_logits, None, sbo_logits)
+
+
+def _embedding_of(backbone: nn.Module) -> nn.Parameter:
+    get = getattr(backbone, "get_input_embeddings", None)
+    if get is None:
+        raise LmforgeError(f"pretraining heads tie to the backbone's token embedding, but "
+                           f"{type(backbone).__name__} has no get_input_embeddings()")
+    return get().weight
+
+
+def build_mlm_head(config: ModelConfig, backbone: nn.Module) -> MaskedLMHeads:
+    """The ``{"type": "mlm"}`` builder (RoBERTa-style MLM only)."""
+    return MaskedLMHeads(config, _embedding_of(backbone))
+
+
+def build_span_head(config: ModelConfig, backbone: nn.Module, max_span_len: int = 10) -> SpanBertHeads:
+    """The ``{"type": "span", "max_span_len": 10}`` builder (SpanBERT)."""
+    return SpanBertHeads(config, _embedding_of(backbone), max_span_len)

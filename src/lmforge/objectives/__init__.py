@@ -1,0 +1,7 @@
+"""Losses that need a model and a batch; each follows the contract of ``lmforge.objectives.base``."""
+
+from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.causal_lm import CausalLMObjective
+from lmforge.objectives.masked_lm import MaskedLMObjective, mlm_objective_for
+
+__all__ = ["CausalLMObjective", "MaskedLMObjective", "ObjectiveOutput", "mlm_objective_for"]

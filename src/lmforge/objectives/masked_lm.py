@@ -1,0 +1,88 @@
+"""Masked-language-model objectives: BERT (MLM + NSP), RoBERTa (MLM only) and SpanBERT (MLM + SBO).
+
+Batches follow ``lmforge.data.pretraining``: ``input_ids``, ``attention_mask``, ``token_type_ids``,
+``mlm_labels`` (-100 where nothing is predicted), and ``nsp_labels`` / ``sbo_left``, ``sbo_right``,
+``sbo_offset`` when the objective uses them. The vocabulary projection runs only at the masked positions
+(the head gathers them first): in a small BERT it is most of the compute.
+
+Losses (Devlin et al., 2019; Joshi et al., 2020): the MLM loss is the mean cross-entropy over masked tokens,
+the NSP loss the mean over sequences, the SBO loss the mean over span tokens; the total is their sum.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.objectives.base import ObjectiveOutput
+
+IGNORE = -100
+
+
+def _sum_ce(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Summed cross-entropy (in fp32 even under bf16 autocast) and the number of correct argmax predictions."""
+    logits = logits.float()
+    loss = F.cross_entropy(logits, targets, reduction="sum")
+    correct = (logits.argmax(-1) == targets).sum()
+    return loss, correct
+
+
+class MaskedLMObjective:
+    """MLM, optionally with next-sentence prediction (BERT) or the span boundary objective (SpanBERT).
+
+    Args:
+        nsp: add the NSP loss (needs ``nsp_labels``; the model's head must return ``nsp_logits``).
+        sbo: add the SBO loss (needs the ``sbo_*`` tensors; the head must be ``SpanBertHeads``).
+    """
+
+    def __init__(self, nsp: bool = False, sbo: bool = False) -> None:
+        self.nsp = nsp
+        self.sbo = sbo
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        n = int((batch["mlm_labels"] != IGNORE).sum())
+        out = {"mlm": n}
+        if self.nsp:
+            out["nsp"] = int(batch["nsp_labels"].numel())
+        if self.sbo:
+            out["sbo"] = n
+        return out
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
+        labels = batch["mlm_labels"]
+        selected = labels != IGNORE  # (B, T)
+        head_inputs: dict[str, Tensor] = {"masked_positions": selected}
+        if self.sbo:
+            head_inputs.update(sbo_left=batch["sbo_left"], sbo_right=batch["sbo_right"],
+                               sbo_offset=batch["sbo_offset"])
+        out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                    token_type_ids=batch.get("token_type_ids"), **head_inputs)
+        targets = labels[selected]  # (N,)
+        n = targets.numel()
+        mlm_loss, mlm_correct = _sum_ce(out.mlm_logits, targets)
+        losses = {"mlm": (mlm_loss, n)}
+        metrics = {"mlm_accuracy": (mlm_correct, n)}
+        if self.nsp:
+            nsp_targets = batch["nsp_labels"]
+            nsp_loss, nsp_correct = _sum_ce(out.nsp_logits, nsp_targets)
+            losses["nsp"] = (nsp_loss, nsp_targets.numel())
+            metrics["nsp_accuracy"] = (nsp_correct, nsp_targets.numel())
+        if self.sbo:
+            sbo_loss, sbo_correct = _sum_ce(out.sbo_logits, targets)
+            losses["sbo"] = (sbo_loss, n)
+            metrics["sbo_accuracy"] = (sbo_correct, n)
+        return ObjectiveOutput(losses, metrics)
+
+
+def mlm_objective_for(objective: str) -> MaskedLMObjective:
+    """The objective behind a pretraining recipe name: ``mlm+nsp``, ``mlm`` or ``span``."""
+    return {"mlm+nsp": MaskedLMObjective(nsp=True), "mlm": MaskedLMObjective(),
+            "span": MaskedLMObjective(sbo=True)}[objective]
+
+
+@torch.no_grad()
+def masked_lm_accuracy(logits: Tensor, labels: Tensor) -> float:
+    """Accuracy of argmax predictions at positions where ``labels`` is not -100 (a helper for reports)."""
+    mask = labels != IGNORE
+    return float((logits.argmax(-1)[mask] == labels[mask]).float().mean()) if mask.any() else 0.0
