@@ -60,7 +60,10 @@ class _Formatter(logging.Formatter):
 
 def setup_logging(quiet: bool = False) -> None:
     logger = logging.getLogger("lmforge")
-    if not any(getattr(h, "_lmforge", False) for h in logger.handlers):
+    ours = [h for h in logger.handlers if getattr(h, "_lmforge", False)]
+    if ours:
+        ours[0].setStream(sys.stderr)  # sys.stderr may have been replaced since (tests, notebooks)
+    else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_Formatter())
         handler._lmforge = True  # type: ignore[attr-defined]
