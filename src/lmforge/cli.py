@@ -52,6 +52,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests and notebooks replace it)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # the base class assigns it once; the property ignores it
+        pass
+
+
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
@@ -60,13 +72,9 @@ class _Formatter(logging.Formatter):
 
 def setup_logging(quiet: bool = False) -> None:
     logger = logging.getLogger("lmforge")
-    ours = [h for h in logger.handlers if getattr(h, "_lmforge", False)]
-    if ours:
-        ours[0].setStream(sys.stderr)  # sys.stderr may have been replaced since (tests, notebooks)
-    else:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(_Formatter())
-        handler._lmforge = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     logger.setLevel(logging.WARNING if quiet else logging.INFO)
     logger.propagate = False
