@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from lmforge import __version__
+from lmforge.commands import data as data_cmd
 from lmforge.commands import models as model_cmd
+from lmforge.commands import pretrain as pretrain_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.errors import LmforgeError
 
@@ -22,11 +24,15 @@ COMMANDS: dict[str, Command] = {
                          tok_cmd.add_encode_arguments, tok_cmd.run_encode),
     "embed": ("contextual embeddings of text lines from a model (.npy / .npz)", model_cmd.add_embed_arguments,
               model_cmd.run_embed),
+    "data prepare": ("tokenize a corpus into memory-mapped shards for pretraining", data_cmd.add_prepare_arguments,
+                     data_cmd.run_prepare),
+    "pretrain": ("pretrain BERT (mlm+nsp), RoBERTa (mlm), SpanBERT (span) or GPT (clm)",
+                 pretrain_cmd.add_pretrain_arguments, pretrain_cmd.run_pretrain),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }
 
-GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers"}
+GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepare corpora for pretraining"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +105,13 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    args, unknown = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    if unknown:
+        dotted = [u for u in unknown if u.startswith("--") and "=" in u and "." in u.split("=", 1)[0]]
+        if hasattr(args, "overrides") and len(dotted) == len(unknown):
+            args.overrides = [*args.overrides, *dotted]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     setup_logging(args.quiet)
     try:
         return args.run(args)
