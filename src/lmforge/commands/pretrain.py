@@ -122,7 +122,8 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
     return TaskModel(backbone, build_head(head, config, backbone)), config, head
 
 
-def run_pretrain(args: argparse.Namespace) -> int:
+def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = False, progress: bool = True):
+    """Everything of a pretraining run up to the Trainer: tokenizer, data, model, objective."""
     from lmforge.data.pretraining import PretrainingData
     from lmforge.data.shards import ShardedCorpus
     from lmforge.objectives import CausalLMObjective, mlm_objective_for
@@ -130,35 +131,37 @@ def run_pretrain(args: argparse.Namespace) -> int:
     from lmforge.training.distributed import init_distributed
     from lmforge.training.trainer import Trainer
 
-    run = resolve_run(args)
     tokenizer_dir = Path(run.tokenizer) if run.tokenizer else Path(run.data.path) / "tokenizer"
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
     corpus = ShardedCorpus(run.data.path, tokenizer)
     info = init_distributed()
-    data_config = run.data
+
+    def data(split: str) -> PretrainingData:
+        return PretrainingData(corpus, run.data, tokenizer, split=split, seed=run.train.seed, rank=info.rank,
+                               world_size=info.world_size)
+
     try:
-        train = PretrainingData(corpus, data_config, tokenizer, split="train", seed=run.train.seed,
-                                rank=info.rank, world_size=info.world_size)
+        train = data("train")
     except LmforgeError as err:
-        if data_config.objective != "mlm+nsp" or "NSP needs" not in str(err):
+        if run.data.objective != "mlm+nsp" or "NSP needs" not in str(err):
             raise
         log.warning("%s; falling back to objective 'mlm' (no next-sentence prediction)", err)
-        data_config = from_dict(DataConfig, {**to_dict(data_config), "objective": "mlm"})
-        run.data = data_config
-        train = PretrainingData(corpus, data_config, tokenizer, split="train", seed=run.train.seed,
-                                rank=info.rank, world_size=info.world_size)
-    evaluation = None
-    if data_config.eval_fraction > 0:
-        evaluation = PretrainingData(corpus, data_config, tokenizer, split="eval", seed=run.train.seed,
-                                     rank=info.rank, world_size=info.world_size)
+        run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": "mlm"})
+        train = data("train")
+    evaluation = data("eval") if run.data.eval_fraction > 0 else None
     model, config, head = build_pretraining_model(run, tokenizer.vocab_size)
-    objective = CausalLMObjective() if data_config.objective == "clm" else mlm_objective_for(data_config.objective)
-    trainer = Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, model_config=config,
-                      head=head, tokenizer=tokenizer, run_config=to_dict(run), resume=args.resume,
-                      overwrite=args.overwrite)
+    objective = CausalLMObjective() if run.data.objective == "clm" else mlm_objective_for(run.data.objective)
+    return Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, model_config=config,
+                   head=head, tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
+                   progress=progress)
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    run = resolve_run(args)
+    trainer = build_trainer(run, resume=args.resume, overwrite=args.overwrite)
     results = trainer.fit()
-    if info.is_main:
+    if trainer.dist.is_main:
         shown = {k: round(v, 4) for k, v in results.items() if isinstance(v, float)}
-        print(f"pretrained {run.preset} ({data_config.objective}) for {run.train.max_steps} steps -> {run.out}")
+        print(f"pretrained {run.preset} ({run.data.objective}) for {run.train.max_steps} steps -> {run.out}")
         print("final: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return 0

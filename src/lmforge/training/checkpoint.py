@@ -1,0 +1,358 @@
+"""Training checkpoints: one folder per step, written atomically, read without unpickling arbitrary objects.
+
+Layout::
+
+    out_dir/checkpoints/step-<N>/
+        model.safetensors    weights of the plain module (unwrapped from DDP / torch.compile); tied weights once
+        config.json          lmforge model config (with a ModelConfig; the folder then loads with load_pretrained)
+        vocab.txt ...        the tokenizer files, when the Trainer was given a tokenizer
+        trainer_state.pt     {"format", "version", "step", "epoch", "world_size", "optimizer", "scheduler",
+                              "data": [data state of rank r], "rng": [RNG states of rank r], "train_config",
+                              "model_config", "window", "elapsed_s", "tokens", "last_eval"}
+
+The folder is assembled as ``checkpoints/.tmp-step-<N>-<pid>`` (every file fsync'ed) and renamed to ``step-<N>``
+in one step, so a folder named ``step-<N>`` is always complete; a process killed mid-write leaves only a
+``.tmp-*`` folder, which is ignored and removed by the next run. ``trainer_state.pt`` is read with
+``torch.load(weights_only=True)``: it holds only tensors, numbers, strings, lists, tuples and dicts (RNG states
+of numpy and ``random`` are converted to those).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+from torch import nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models.pretrained import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    dedupe_tied,
+    load_state,
+    read_config,
+    read_weights,
+    save_pretrained,
+)
+from lmforge.training.logging import METRICS_NAME, truncate_metrics
+from lmforge.utils.io import atomic_open, atomic_write_bytes
+
+log = logging.getLogger("lmforge")
+
+CHECKPOINTS_DIR = "checkpoints"
+STATE_NAME = "trainer_state.pt"
+STATE_FORMAT = "lmforge-trainer-state"
+STATE_VERSION = 1
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+# ------------------------------------------------------------------------------------------------------ folders
+def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / CHECKPOINTS_DIR / f"step-{step}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return (path / STATE_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
+
+
+def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under ``out_dir/checkpoints``, oldest first, as (step, folder)."""
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir() and is_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    found = list_checkpoints(out_dir)
+    return found[-1][1] if found else None
+
+
+def remove_partial_checkpoints(out_dir: str | Path) -> None:
+    """Delete ``.tmp-*`` folders left by a process killed while writing a checkpoint."""
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    if root.is_dir():
+        for child in root.glob(".tmp-*"):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
+    """Keep the ``keep_last`` newest checkpoints (0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for _, path in list_checkpoints(out_dir)[:-keep_last]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open folders; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------------ model
+def save_model(model: nn.Module, directory: str | Path, *, model_config: ModelConfig | None = None,
+               head: dict[str, Any] | None = None, tokenizer: Any | None = None) -> None:
+    """Write the weights of ``model`` (a plain module) into ``directory``, replacing what is there.
+
+    With a ModelConfig this is ``save_pretrained`` (config.json + model.safetensors + tokenizer files), a folder
+    that ``load_pretrained`` reads. Without one (e.g. a word2vec model) only ``model.safetensors`` is written; its
+    metadata records the tied weights.
+    """
+    if model_config is not None:
+        save_pretrained(model, directory, config=model_config, head=head, tokenizer=tokenizer, overwrite=True)
+        return
+    tensors, tied = dedupe_tied(model.state_dict())
+    atomic_write_bytes(Path(directory) / WEIGHTS_NAME,
+                       save(tensors, metadata={"format": "pt", "tied": json.dumps(tied)}))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory, overwrite=True)
+
+
+def load_model(model: nn.Module, directory: str | Path) -> None:
+    """Load weights written by ``save_model`` into ``model`` in place (keys and shapes are checked by name)."""
+    directory = Path(directory)
+    tensors = read_weights(directory / WEIGHTS_NAME)
+    if (directory / CONFIG_NAME).is_file():
+        tied = read_config(directory).get("tied", {})
+    else:
+        with safe_open(str(directory / WEIGHTS_NAME), framework="pt") as f:
+            tied = json.loads((f.metadata() or {}).get("tied", "{}"))
+    load_state(model, tensors, tied, str(directory / WEIGHTS_NAME))
+
+
+# ------------------------------------------------------------------------------------------------------ RNG
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states (torch CPU and CUDA, numpy, ``random``) as tensors, numbers and strings."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": str(np_state[0]), "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": int(py_version), "internal": torch.tensor(py_internal, dtype=torch.int64),
+                   "gauss_next": py_gauss},
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Inverse of ``capture_rng``."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["internal"].tolist()), p["gauss_next"]))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and ``random``."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+# ------------------------------------------------------------------------------------------------------ state
+_PLAIN = (int, float, str, bool, type(None), torch.Tensor)
+
+
+def check_plain(value: Any, where: str) -> None:
+    """Raise if ``value`` holds anything but tensors, numbers, strings, None, lists, tuples and str-keyed dicts
+    (what ``torch.load(weights_only=True)`` reads back)."""
+    if isinstance(value, _PLAIN) or isinstance(value, torch.Size):
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_plain(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise LmforgeError(f"{where} has a key of type {type(key).__name__}; checkpoint state may only use "
+                                   "string or integer keys")
+            check_plain(item, f"{where}[{key!r}]")
+        return
+    raise LmforgeError(f"{where} is a {type(value).__module__}.{type(value).__name__}; checkpoint state may only "
+                       "hold tensors, numbers, strings, None, lists and dicts (convert numpy arrays with "
+                       "torch.from_numpy or .tolist(), numpy scalars with int()/float())")
+
+
+def save_checkpoint(out_dir: str | Path, step: int, model: nn.Module, state: dict[str, Any], *,
+                    model_config: ModelConfig | None = None, head: dict[str, Any] | None = None,
+                    tokenizer: Any | None = None, keep_last: int = 0) -> Path:
+    """Write ``out_dir/checkpoints/step-<step>`` atomically (rank 0 only) and prune old checkpoints.
+
+    Args:
+        model: the plain module (not DDP / compiled).
+        state: the trainer state (see the module docstring); checked with ``check_plain`` before anything is written.
+
+    Returns:
+        The checkpoint folder.
+    """
+    check_plain(state, "trainer state")
+    final = checkpoint_path(out_dir, step)
+    tmp = final.parent / f".tmp-step-{step}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, tmp, model_config=model_config, head=head, tokenizer=tokenizer)
+    with atomic_open(tmp / STATE_NAME, "wb") as f:
+        torch.save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, f)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving a step (a run resumed at its last checkpoint): replace the old folder
+        old = final.parent / f".tmp-old-step-{step}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    prune_checkpoints(out_dir, keep_last)
+    return final
+
+
+def load_trainer_state(directory: str | Path) -> dict[str, Any]:
+    """Read ``trainer_state.pt`` of a checkpoint folder with ``weights_only=True``; clear errors otherwise."""
+    path = Path(directory) / STATE_NAME
+    if not path.is_file():
+        raise InputFileError(f"{directory}: not a training checkpoint (no {STATE_NAME}); point resume at a "
+                             f"{CHECKPOINTS_DIR}/step-<N> folder or a run folder")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for corrupt or unsafe files
+        raise InputFileError(f"{path}: cannot read the trainer state ({err}); the file is corrupt or was not "
+                             "written by lmforge") from err
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise InputFileError(f"{path}: not an lmforge trainer state")
+    if state.get("version", 0) > STATE_VERSION:
+        raise InputFileError(f"{path}: written by a newer lmforge (trainer state version {state['version']}); "
+                             "upgrade lmforge")
+    return state
+
+
+def config_differences(saved: dict[str, Any] | None, current: dict[str, Any] | None, prefix: str = "",
+                       allowed: tuple[str, ...] = ()) -> list[str]:
+    """``"name (checkpoint X, now Y)"`` for every field that differs and is not in ``allowed``.
+
+    Fields present on one side only (added or removed by another lmforge version) are not compared.
+    """
+    if saved is None or current is None:
+        if (saved is None) != (current is None):
+            return [f"{prefix.rstrip('.') or 'config'} (checkpoint {'none' if saved is None else 'set'}, "
+                    f"now {'none' if current is None else 'set'})"]
+        return []
+    out = []
+    for key in sorted(set(saved) & set(current)):
+        if key in allowed:
+            continue
+        old, new = saved.get(key), current.get(key)
+        if old != new:
+            out.append(f"{prefix}{key} (checkpoint {old!r}, now {new!r})")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ run folder
+def holds_run(out_dir: Path) -> bool:
+    """A run was started here: metrics.jsonl or anything under checkpoints/."""
+    root = out_dir / CHECKPOINTS_DIR
+    return (out_dir / METRICS_NAME).exists() or (root.is_dir() and any(root.iterdir()))
+
+
+def is_inside(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
+
+
+def step_of(path: Path) -> int:
+    match = _STEP_DIR.match(path.name)
+    if not match:
+        raise LmforgeError(f"{path}: checkpoint folders inside a run are named step-<N>")
+    return int(match.group(1))
+
+
+def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path | None:
+    """Make ``out_dir`` ready for a run (rank 0 only) and return the checkpoint to resume from, if any.
+
+    - ``resume="never"``: refuse a folder that holds a run, unless ``overwrite``: then the folder is renamed to
+      ``<out_dir>.old-<UTC timestamp>`` (nothing is deleted) and a fresh one is made.
+    - ``resume="auto"``: the latest complete checkpoint under ``out_dir/checkpoints``; none = start at step 0.
+    - a path: that checkpoint folder (or the latest checkpoint of that run folder). From inside ``out_dir`` it must
+      be the latest one (later checkpoints would be overwritten); from elsewhere ``out_dir`` must not hold a run.
+
+    Half-written ``.tmp-*`` checkpoints are removed, and metrics.jsonl lines logged after the resumed step (by the
+    interrupted run) are dropped, so that the continued run's lines follow without gaps or duplicates.
+    """
+    if overwrite and resume != "never":
+        raise LmforgeError(f"resume={str(resume)!r} and overwrite exclude each other: --resume continues the run in "
+                           f"{out_dir}, --overwrite starts a new one")
+    held = holds_run(out_dir)
+    found: Path | None = None
+    if resume == "never":
+        if held and not overwrite:
+            raise LmforgeError(f"{out_dir} already holds a training run (metrics.jsonl or checkpoints/); pass "
+                               "--resume auto to continue it, or --overwrite to start a new run (the old folder is "
+                               "renamed, not deleted), or choose another output folder")
+        if held:
+            stamp, n = datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), 0
+            aside = out_dir.with_name(f"{out_dir.name}.old-{stamp}")
+            while aside.exists():
+                n += 1
+                aside = out_dir.with_name(f"{out_dir.name}.old-{stamp}-{n}")
+            out_dir.rename(aside)
+            log.warning("moved the previous run in %s to %s", out_dir, aside)
+    elif resume == "auto":
+        found = latest_checkpoint(out_dir)
+        if found is None and held:
+            log.warning("%s holds no complete checkpoint; starting from step 0", out_dir)
+    else:
+        found = _explicit_checkpoint(Path(resume), out_dir, held)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_partial_checkpoints(out_dir)
+    dropped = truncate_metrics(out_dir / METRICS_NAME, step_of(found) if found and is_inside(found, out_dir) else 0)
+    if dropped:
+        log.info("dropped %d metrics.jsonl lines logged after the checkpoint", dropped)
+    return found
+
+
+def _explicit_checkpoint(path: Path, out_dir: Path, held: bool) -> Path:
+    if not is_checkpoint(path):
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise LmforgeError(f"resume={str(path)!r}: neither a checkpoint folder (with {STATE_NAME}) nor a run "
+                               f"folder holding {CHECKPOINTS_DIR}/step-<N>")
+        path = latest
+    if is_inside(path, out_dir):
+        later = [p.name for s, p in list_checkpoints(out_dir) if s > step_of(path)]
+        if later:
+            raise LmforgeError(f"cannot resume from {path} inside {out_dir}: later checkpoints exist "
+                               f"({', '.join(later)}); resume from it into a new output folder instead")
+    elif held:
+        raise LmforgeError(f"{out_dir} already holds a training run; resume from {path} into an empty output folder")
+    return path

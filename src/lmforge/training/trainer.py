@@ -1,0 +1,529 @@
+"""One small, task-agnostic training loop for every lmforge job (BERT, GPT, seq2seq, fine-tuning, word2vec).
+
+The contract
+------------
+**Objective**: ``objective(model, batch) -> ObjectiveOutput`` and ``objective.counts(batch) -> {term: items}``.
+Each loss term is returned as (SUM of per-item losses, number of items), e.g. ``{"mlm": (CE summed over masked
+tokens, masked tokens), "nsp": (CE summed over sequences, batch size)}``; ``counts`` gives the same item numbers
+from the batch alone, without a forward pass; both name the same terms on every call and in every process. The
+objective must call ``model(...)`` (the whole module, which may be wrapped in DistributedDataParallel) rather than
+its submodules. Any ``(losses, metrics)`` pair is accepted in place of an ``ObjectiveOutput``.
+
+**Loss normalisation**: for every optimizer step the Trainer first draws all accumulation micro-batches, adds
+their ``counts`` and sums them over all processes (N_k for term k), then backpropagates
+``world_size * sum_k loss_sum_k / N_k`` per micro-batch (DDP averages gradients over processes). The gradient is
+therefore exactly that of the mean over the whole global batch, however the items fall into micro-batches or
+processes: accumulating 4 x 8 equals one batch of 32 (the bug of transformers PR #34191 cannot happen). The
+reported loss is ``sum_k loss_k`` with ``loss_k = (sum of loss_sum_k over the global batch) / N_k``.
+
+**Metrics**: ``ObjectiveOutput.metrics`` maps a name to (sum, count); the Trainer adds sums and counts over
+micro-batches, processes and logging window and reports ``sum / count`` under that name (so name them for what the
+ratio is, e.g. ``mlm_accuracy`` = (correct predictions, predictions)).
+
+**Evaluation** (every ``eval_every`` steps and at the end): up to ``eval_batches`` micro-batches of the eval data per
+process, in eval mode without gradients; reports ``eval_loss``, ``eval_loss_<term>``, ``eval_ppl_<term>`` =
+exp(loss) for terms named ``lm``, ``clm`` or ``mlm``, and ``eval_<metric>``. The global RNG state is restored
+afterwards, so evaluating never changes the training run. ``eval_data.batches`` must give the same batches on every
+call (its position is not checkpointed).
+
+**Data**: ``train_data.batches(micro_batch_size)`` yields dicts of tensors (already this process's shard); when the
+iterator ends, ``batches`` is called again for the next epoch. ``state_dict()`` describes the position after the
+batches yielded so far and holds only tensors, numbers, strings, lists and dicts; after ``load_state_dict(state)``
+a new ``batches`` iterator continues from there. Tokens for ``tokens_per_s`` are ``attention_mask.sum()`` of each
+batch, or ``input_ids.numel()`` without a mask, summed over processes.
+
+**Randomness**: a fresh run seeds torch, numpy and ``random`` with ``config.seed + rank`` when ``fit`` starts (dropout
+differs between processes); seed before building the model for a reproducible initialisation. Data objects keep
+their own generators, saved in their ``state_dict``.
+
+**Run folder** (``out_dir``): ``metrics.jsonl``, ``loss_curve.png``, ``run_config.json``, ``checkpoints/step-<N>/``
+(see ``lmforge.training.checkpoint``), and at the end the final model (``config.json``, ``model.safetensors``,
+tokenizer files: the folder loads with ``load_pretrained``) and ``eval_results.json``.
+
+**Resume** (``resume="auto"`` | ``"never"`` | a checkpoint or run folder): restores weights, optimizer, scheduler,
+step, data position and every RNG state, so the continued run is identical to an uninterrupted one; lines that the
+interrupted run logged after its checkpoint are dropped from metrics.jsonl. Only ``RESUMABLE_CHANGES`` may differ
+from the checkpoint's TrainConfig (the model config must be equal, and so must the number of processes). An
+``out_dir`` that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``, which renames
+the old folder to ``<out_dir>.old-<timestamp>`` (nothing is deleted) and starts afresh (details:
+``lmforge.training.checkpoint.prepare_run_dir``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from lmforge.config import ModelConfig, TrainConfig, to_dict
+from lmforge.errors import LmforgeError
+from lmforge.objectives.base import ObjectiveOutput  # the contract's type lives with the objectives
+from lmforge.training import checkpoint as ckpt
+from lmforge.training import distributed as dist
+from lmforge.training.logging import (
+    CURVE_NAME,
+    METRICS_NAME,
+    MetricsLog,
+    allocator_hint,
+    cpu_bf16_hint,
+    plot_loss_curve,
+    read_metrics,
+    require_tensorboard,
+)
+from lmforge.training.optim import build_optimizer, build_scheduler
+from lmforge.utils.io import atomic_write_text
+
+log = logging.getLogger("lmforge")
+
+# TrainConfig fields that may differ between a checkpoint and the run resuming it. Changing max_steps stretches or
+# shortens the linear/cosine schedule (and warm-up, when given as warmup_ratio) from the resumed step on.
+RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "keep_last",
+                     "tensorboard", "device")
+PERPLEXITY_TERMS = ("lm", "clm", "mlm")
+
+
+class Objective(Protocol):
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput: ...
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]: ...
+
+
+class TrainData(Protocol):
+    def batches(self, micro_batch_size: int) -> Iterator[dict[str, Tensor]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def resolve_device(name: str, info: dist.DistInfo) -> torch.device:
+    """"auto" = this process's GPU when CUDA is available, else the CPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{info.local_rank}"
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise LmforgeError(f"device={name!r} is not a torch device; use auto, cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LmforgeError(f"device={name!r} but CUDA is not available; use device=auto or cpu")
+    return device
+
+
+def split_batch(config: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(micro_batch_size, accumulation steps) with batch_size = micro * accumulation * world_size."""
+    micro = config.micro_batch_size or config.batch_size // world_size
+    if micro < 1 or config.batch_size % (micro * world_size):
+        raise LmforgeError(
+            f"batch_size={config.batch_size} is not divisible by micro_batch_size={config.micro_batch_size or micro}"
+            f" x world_size={world_size} (= {micro * world_size}); choose a batch_size that is a multiple of "
+            "micro_batch_size times the number of processes")
+    return micro, config.batch_size // (micro * world_size)
+
+
+def batch_tokens(batch: dict[str, Any]) -> int:
+    mask = batch.get("attention_mask")
+    if isinstance(mask, Tensor):
+        return int(mask.sum())
+    ids = batch.get("input_ids")
+    return ids.numel() if isinstance(ids, Tensor) else 0
+
+
+def _find_model_config(model: nn.Module) -> ModelConfig | None:
+    for candidate in (model, getattr(model, "backbone", None)):
+        if isinstance(getattr(candidate, "config", None), ModelConfig):
+            return candidate.config
+    return None
+
+
+def _upcast(loss: Tensor) -> Tensor:
+    return loss.float() if loss.dtype in (torch.float16, torch.bfloat16) else loss
+
+
+def _number(value: Tensor | float | int) -> Tensor | float:
+    return value.detach().double() if isinstance(value, Tensor) else float(value)
+
+
+def _add_pairs(target: dict[str, list[Any]], pairs: dict[str, tuple[Any, Any]]) -> None:
+    """``target[name] += (sum, count)`` for every pair (tensors stay on their device: no synchronisation)."""
+    for name, (total, count) in pairs.items():
+        pair = target.setdefault(name, [0.0, 0.0])
+        pair[0] += _number(total)
+        pair[1] += _number(count)
+
+
+def _new_window() -> dict[str, Any]:
+    return {"steps": 0, "loss": 0.0, "grad_norm": 0.0, "terms": {}, "metrics": {}}
+
+
+class Trainer:
+    """Train ``model`` on ``objective`` over ``train_data`` as ``config`` says, recording into ``out_dir``.
+
+    Args:
+        model: a plain module (or a torch.compile'd one); moved to the configured device.
+        objective: see the module docstring.
+        train_data: see the module docstring; already sharded for this process.
+        config: the TrainConfig.
+        out_dir: the run folder.
+        eval_data: anything with ``batches(micro_batch_size)`` giving a finite iterator.
+        model_config: saved as the checkpoints' config.json (default: ``model.config`` or ``model.backbone.config``).
+        head: the head description of a TaskModel (see ``save_pretrained``).
+        tokenizer: saved beside the model (anything with ``save_pretrained(dir, overwrite=)``).
+        run_config: the resolved configuration of the whole run, written to ``run_config.json``.
+        resume: "never", "auto" (the latest complete checkpoint under ``out_dir/checkpoints``, if any), or a path.
+        overwrite: start afresh in an ``out_dir`` that holds a run (renamed to ``<out_dir>.old-<timestamp>``).
+        progress: show a progress bar (rank 0).
+
+    Raises:
+        LmforgeError: a batch split that does not divide, an ``out_dir`` holding another run, a checkpoint whose
+            settings differ.
+    """
+
+    def __init__(self, model: nn.Module, objective: Objective, train_data: TrainData, config: TrainConfig,
+                 out_dir: str | Path, *, eval_data: Any = None, model_config: ModelConfig | None = None,
+                 head: dict[str, Any] | None = None, tokenizer: Any = None, run_config: dict[str, Any] | None = None,
+                 resume: str | Path = "never", overwrite: bool = False, progress: bool = True) -> None:
+        self.dist = dist.init_distributed()
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self.objective, self.train_data, self.eval_data = objective, train_data, eval_data
+        self.head, self.tokenizer, self.run_config, self.progress = head, tokenizer, run_config, progress
+        self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
+        self.device = resolve_device(config.device, self.dist)
+        self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
+        self._forward_model = model.to(self.device)  # what objectives call (compiled, later DDP-wrapped)
+        self.model_config = model_config or _find_model_config(self.model)
+        self.optimizer = build_optimizer(self.model, config)
+        self.scheduler = build_scheduler(self.optimizer, config)
+        self.step, self.epoch, self.tokens, self.elapsed_s = 0, 0, 0, 0.0
+        self.last_eval: dict[str, float] = {}
+        self._window = _new_window()
+        self._batches: Iterator[dict[str, Tensor]] | None = None
+        self._checked_first_step = False
+        self._t0 = self._t_window = time.perf_counter()
+        self._tokens_window, self._elapsed_before = 0, 0.0
+        if config.tensorboard and self.dist.is_main:
+            require_tensorboard()
+        self.resume_from = self._prepare_out_dir(resume, overwrite)
+        self._state = self._load_checkpoint(self.resume_from) if self.resume_from else None
+
+    # ---------------------------------------------------------------------------------------- run folder, resume
+    def _prepare_out_dir(self, resume: str | Path, overwrite: bool) -> Path | None:
+        """Rank 0 decides (and renames / truncates); every rank gets the checkpoint to resume from."""
+        choice: Path | None | Exception = None
+        if self.dist.is_main:
+            try:
+                choice = ckpt.prepare_run_dir(self.out_dir, resume, overwrite)
+            except (LmforgeError, OSError) as err:  # raised on every rank, not only here
+                choice = err if isinstance(err, LmforgeError) else LmforgeError(f"{self.out_dir}: {err}")
+        choice = dist.broadcast_object(choice, self.dist)
+        if isinstance(choice, Exception):
+            raise choice
+        return choice
+
+    def _load_checkpoint(self, path: Path) -> dict[str, Any]:
+        state = ckpt.load_trainer_state(path)
+        problems = ckpt.config_differences(state.get("train_config"), to_dict(self.config),
+                                           allowed=RESUMABLE_CHANGES)
+        problems += ckpt.config_differences(state.get("model_config"),
+                                            to_dict(self.model_config) if self.model_config else None, "model.")
+        if state.get("world_size") != self.dist.world_size:
+            problems.append(f"world_size (checkpoint {state.get('world_size')}, now {self.dist.world_size}): the "
+                            "data position is saved per process, resume with the same number of processes")
+        if problems:
+            raise LmforgeError(f"cannot resume from {path}: these settings differ from the checkpoint: "
+                               f"{'; '.join(problems)}. Only {', '.join(RESUMABLE_CHANGES)} may change on resume; "
+                               "start a new run (another out_dir or --overwrite) to change the others")
+        ckpt.load_model(self.model, path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step, self.epoch, self.tokens = state["step"], state["epoch"], state["tokens"]
+        self.elapsed_s, self.last_eval = state["elapsed_s"], dict(state["last_eval"])
+        self._window = state["window"]
+        if self.dist.is_main:
+            log.info("resuming from %s (step %d)", path, self.step)
+        return state
+
+    # ---------------------------------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        """Train to ``config.max_steps``; returns the last training record merged with the last eval metrics."""
+        cfg, main = self.config, self.dist.is_main
+        if self._state is not None:
+            self.train_data.load_state_dict(self._state["data"][self.dist.rank])
+            ckpt.restore_rng(self._state["rng"][self.dist.rank])
+        else:
+            ckpt.seed_everything(cfg.seed + self.dist.rank)
+        if main:
+            self._write_run_config()
+            if self.device.type == "cpu":
+                for level, hint in ((logging.INFO, allocator_hint()),
+                                    (logging.WARNING, cpu_bf16_hint() if cfg.precision == "bf16" else None)):
+                    if hint:
+                        log.log(level, hint)
+        self._forward_model = dist.wrap_model(self._forward_model, self.dist, self.device)
+        metrics = MetricsLog(self.out_dir, enabled=main, tensorboard=cfg.tensorboard,
+                             purge_step=self.step + 1 if self._state else None)
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
+                   disable=not (main and self.progress))
+        last_record: dict[str, Any] = {}
+        resumed_here = self.resume_from is not None and ckpt.is_inside(self.resume_from, self.out_dir)
+        last_saved = self.step if resumed_here else -1
+        try:
+            with logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext():
+                self.model.train()
+                self._t0, self._t_window, self._tokens_window = time.perf_counter(), time.perf_counter(), 0
+                self._elapsed_before = self.elapsed_s
+                while self.step < cfg.max_steps:
+                    step_loss, lr = self._train_step()
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{self._throughput():.0f}",
+                                    refresh=False)
+                    if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                        last_record = self._flush_window(lr)
+                        metrics.write(last_record)
+                    if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                        self._evaluate_and_record(metrics)
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save_checkpoint()
+                        last_saved = self.step
+                if self.eval_data is not None and self.last_eval.get("step") != self.step:
+                    self._evaluate_and_record(metrics)
+                if last_saved != self.step:
+                    self.save_checkpoint()
+                self._save_final()
+        except BaseException:
+            dist.cleanup_distributed(wait=False)  # the other processes may never reach a barrier
+            raise
+        else:
+            dist.cleanup_distributed()
+        finally:
+            bar.close()
+            metrics.close()
+        return {**(last_record or self._read_last_train_record()), **self.last_eval}
+
+    def _next_batch(self) -> dict[str, Tensor]:
+        for _ in range(2):
+            if self._batches is None:
+                self._batches = iter(self.train_data.batches(self.micro_batch_size))
+            try:
+                return next(self._batches)
+            except StopIteration:
+                self._batches = None
+                self.epoch += 1
+        raise LmforgeError("the training data yielded no batch (an empty dataset, or fewer sequences than one "
+                           "micro-batch in this process's shard)")
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+    def _train_step(self) -> tuple[float, float]:
+        """One optimizer step over ``accumulation`` micro-batches; returns (loss, lr used)."""
+        micro = [self._next_batch() for _ in range(self.accumulation)]
+        local_counts: dict[str, float] = {}
+        for batch in micro:
+            for name, n in self.objective.counts(batch).items():
+                local_counts[name] = local_counts.get(name, 0.0) + int(n)
+        if not local_counts:
+            raise LmforgeError("objective.counts(batch) returned no loss terms")
+        # N_k: items of term k in the whole global batch (all micro-batches of all processes)
+        counts = self._global_sums(local_counts)
+        terms = sorted(counts)
+        sums: dict[str, list[Any]] = {}  # "loss/<term>" and metric names -> [sum, count] over the micro-batches
+        tokens = 0
+        for i, batch in enumerate(micro):
+            tokens += batch_tokens(batch)
+            with dist.maybe_no_sync(self._forward_model, skip_sync=i < len(micro) - 1):
+                with self._autocast():
+                    losses, metrics = self.objective(self._forward_model, self._to_device(batch))
+                if not self._checked_first_step:
+                    self._check_output(losses, batch, terms)
+                # DDP averages gradients over processes: the world_size factor turns that into the global sum
+                loss = sum(_upcast(losses[t][0]) / max(counts[t], 1.0) for t in terms) * self.dist.world_size
+                loss.backward()
+            _add_pairs(sums, {f"loss/{t}": losses[t] for t in terms})
+            _add_pairs(sums, metrics)
+        if not self._checked_first_step:
+            self._check_same_names(sorted(sums))
+            self._checked_first_step = True
+        totals = self._global_sums({"tokens": tokens, **{f"{k}/sum": v[0] for k, v in sums.items()},
+                                    **{f"{k}/count": v[1] for k, v in sums.items() if not k.startswith("loss/")}})
+        term_values = {t: totals[f"loss/{t}/sum"] / max(counts[t], 1.0) for t in terms}
+        step_loss = sum(term_values.values())
+        grad_norm = self._clip_gradients()
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+            what = f"the loss is {step_loss}" if not math.isfinite(step_loss) else f"the gradient norm is {grad_norm}"
+            raise LmforgeError(f"{what} at step {self.step + 1} (lr {lr:.3g}); stopped without updating the weights "
+                               "or saving. Try a lower lr (or longer warm-up) or precision=fp32; the last "
+                               "checkpoint, if any, is intact")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+
+        self.tokens += int(totals["tokens"])
+        self._tokens_window += int(totals["tokens"])
+        w = self._window
+        w["steps"] += 1
+        w["loss"] += step_loss
+        w["grad_norm"] += grad_norm
+        for t, v in term_values.items():
+            w["terms"][t] = w["terms"].get(t, 0.0) + v
+        for name in sums:
+            if not name.startswith("loss/"):
+                _add_pairs(w["metrics"], {name: (totals[f"{name}/sum"], totals[f"{name}/count"])})
+        return step_loss, lr
+
+    def _global_sums(self, values: dict[str, Any]) -> dict[str, float]:
+        """Each value (number or scalar tensor) summed over all processes, in one all-reduce."""
+        keys = sorted(values)
+        packed = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=self.device) for k in keys]) \
+            if keys else torch.zeros(0, dtype=torch.float64, device=self.device)
+        return dict(zip(keys, dist.all_reduce_sum(packed, self.dist).tolist(), strict=True))
+
+    def _check_output(self, losses: dict[str, Any], batch: dict[str, Any], terms: list[str]) -> None:
+        """First step only: the objective's losses and counts must describe the same terms and item numbers."""
+        if sorted(losses) != terms:
+            raise LmforgeError(f"the objective returned loss terms {sorted(losses)} but its counts() gave "
+                               f"{terms}; they must name the same terms")
+        expected = self.objective.counts(batch)
+        for t in terms:
+            got = int(losses[t][1])
+            if got != int(expected[t]):
+                raise LmforgeError(f"loss term {t!r}: objective(model, batch) summed over {got} items but "
+                                   f"objective.counts(batch) says {int(expected[t])}; they must agree")
+
+    def _check_same_names(self, names: list[str]) -> None:
+        everyone = dist.gather_objects(names, self.dist)
+        if any(theirs != everyone[0] for theirs in everyone):
+            raise LmforgeError(f"processes disagree on the loss terms / metrics: {everyone}; every process must "
+                               "report the same names")
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            raise LmforgeError("no parameter received a gradient; does the objective call model(...) and return "
+                               "losses that depend on it?")
+        if self.config.max_grad_norm > 0:
+            return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        norms = torch.stack([torch.linalg.vector_norm(p.grad.detach().float()) for p in params])
+        return float(torch.linalg.vector_norm(norms))
+
+    def _throughput(self) -> float:
+        return self._tokens_window / max(time.perf_counter() - self._t_window, 1e-9)
+
+    def _flush_window(self, lr: float) -> dict[str, Any]:
+        w, n = self._window, max(self._window["steps"], 1)
+        record: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / n}
+        record.update({f"loss_{t}": v / n for t, v in sorted(w["terms"].items())})
+        record.update({name: s / c if c else 0.0 for name, (s, c) in sorted(w["metrics"].items())})
+        record.update({"lr": lr, "grad_norm": w["grad_norm"] / n, "tokens_per_s": self._throughput(),
+                       "tokens": self.tokens, "elapsed_s": self._elapsed()})
+        self._window = _new_window()
+        self._t_window, self._tokens_window = time.perf_counter(), 0
+        return record
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + time.perf_counter() - self._t0
+
+    # ---------------------------------------------------------------------------------------- evaluation
+    def evaluate(self) -> dict[str, float]:
+        """Loss terms and metrics over ``eval_batches`` micro-batches of the eval data (summed over processes)."""
+        if self.eval_data is None:
+            raise LmforgeError("no eval_data was given to the Trainer")
+        rng = ckpt.capture_rng()  # evaluation must not change the training run's random stream
+        was_training = self.model.training
+        self.model.eval()
+        sums: dict[str, list[Any]] = {}  # "loss/<term>" and metric names -> [sum, count]
+        try:
+            with torch.no_grad(), self._autocast():
+                for i, batch in enumerate(self.eval_data.batches(self.micro_batch_size)):
+                    if i >= self.config.eval_batches:
+                        break
+                    losses, metrics = self.objective(self.model, self._to_device(batch))
+                    _add_pairs(sums, {f"loss/{t}": pair for t, pair in losses.items()})
+                    _add_pairs(sums, metrics)
+        finally:
+            self.model.train(was_training)
+            ckpt.restore_rng(rng)
+        # a process whose shard gave no batch still takes part, with zeros for the names the others report
+        names = sorted({n for theirs in dist.gather_objects(sorted(sums), self.dist) for n in theirs})
+        totals = self._global_sums({f"{n}/{part}": sums.get(n, [0.0, 0.0])[j] for n in names
+                                    for j, part in enumerate(("sum", "count"))})
+        result: dict[str, float] = {"eval_loss": 0.0}
+        for name in names:
+            total, count = totals[f"{name}/sum"], totals[f"{name}/count"]
+            if name.startswith("loss/"):
+                term = name[len("loss/"):]
+                result[f"eval_loss_{term}"] = total / max(count, 1.0)
+                result["eval_loss"] += result[f"eval_loss_{term}"]
+                if term in PERPLEXITY_TERMS:
+                    result[f"eval_ppl_{term}"] = math.exp(min(result[f"eval_loss_{term}"], 700.0))
+            else:
+                result[f"eval_{name}"] = total / count if count else 0.0
+        return result
+
+    def _evaluate_and_record(self, metrics: MetricsLog) -> None:
+        self.last_eval = {"step": self.step, **self.evaluate()}
+        metrics.write(self.last_eval)
+        if self.dist.is_main:
+            log.info("step %d: %s", self.step, ", ".join(f"{k} {v:.4g}" for k, v in self.last_eval.items()
+                                                         if k != "step"))
+            self._plot()
+
+    # ---------------------------------------------------------------------------------------- saving
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step-<step>`` (rank 0; every rank contributes its data position and RNG state)."""
+        data_states = dist.gather_objects(self.train_data.state_dict(), self.dist)
+        rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
+        path = ckpt.checkpoint_path(self.out_dir, self.step)
+        if self.dist.is_main:
+            state = {"step": self.step, "epoch": self.epoch, "world_size": self.dist.world_size,
+                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                     "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
+                     "model_config": to_dict(self.model_config) if self.model_config else None,
+                     "window": self._window, "elapsed_s": self._elapsed(), "tokens": self.tokens,
+                     "last_eval": self.last_eval}
+            ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
+                                 head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)
+            log.info("saved checkpoint %s", path)
+        dist.barrier(self.dist)
+        return path
+
+    def _save_final(self) -> None:
+        if self.dist.is_main:
+            ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
+                            tokenizer=self.tokenizer)
+            self._write_run_config()
+            if self.last_eval:
+                atomic_write_text(self.out_dir / "eval_results.json", json.dumps(self.last_eval, indent=2) + "\n")
+            self._plot()
+            log.info("saved the final model in %s", self.out_dir)
+        dist.barrier(self.dist)
+
+    def _write_run_config(self) -> None:
+        payload = self.run_config if self.run_config is not None else {
+            "train": to_dict(self.config), "model": to_dict(self.model_config) if self.model_config else None}
+        atomic_write_text(self.out_dir / "run_config.json", json.dumps(payload, indent=2, default=str) + "\n")
+
+    def _plot(self) -> None:
+        with contextlib.suppress(ImportError):
+            plot_loss_curve(read_metrics(self.out_dir / METRICS_NAME), self.out_dir / CURVE_NAME)
+
+    def _read_last_train_record(self) -> dict[str, Any]:
+        train = [r for r in read_metrics(self.out_dir / METRICS_NAME) if "loss" in r]
+        return train[-1] if train else {"step": self.step}

@@ -1,0 +1,49 @@
+"""A training run in its own process, for the kill -9 / resume and the 2-process DDP tests.
+
+    python -m tests.training.worker OUT_DIR {decoder|tiny} [--die-at N] [--resume auto]
+
+Under torchrun-style environment variables (RANK, WORLD_SIZE, ...) it joins the process group and shards the data.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from lmforge.training import Trainer, init_distributed
+from tests.training.helpers import LMObjective, ToyData, tiny_decoder, tiny_lm, train_config
+
+# decoder: dropout on, evaluation, checkpoints every 3 steps (the kill / resume test)
+# tiny: no dropout, 8 sequences per step over the processes, evaluation at the end (the DDP test)
+SETTINGS = {
+    "decoder": dict(max_steps=10, batch_size=4, micro_batch_size=2, save_every=3, keep_last=2, eval_every=4,
+                    schedule="cosine", warmup_steps=2),
+    "tiny": dict(max_steps=3, batch_size=8, micro_batch_size=2, weight_decay=0.1, max_grad_norm=0.5),
+}
+
+
+def build(kind: str, rank: int, world: int, die_at: int | None = None):
+    config = train_config(**SETTINGS[kind])
+    model = tiny_decoder() if kind == "decoder" else tiny_lm()
+    data = ToyData(n=48, seed=3, rank=rank, world=world, per_rank=config.batch_size // world, die_at=die_at)
+    eval_data = ToyData(n=12, seed=4, fixed=True)  # every process evaluates the same batches
+    return model, data, eval_data, config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("kind", choices=sorted(SETTINGS))
+    parser.add_argument("--die-at", type=int)
+    parser.add_argument("--resume", default="never")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    info = init_distributed()
+    model, data, eval_data, config = build(args.kind, info.rank, info.world_size, args.die_at)
+    Trainer(model, LMObjective(two_terms=True), data, config, args.out_dir, eval_data=eval_data,
+            resume=args.resume, progress=False).fit()
+
+
+if __name__ == "__main__":
+    main()
