@@ -67,3 +67,27 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     state = torch.load(tmp_path / "ddp" / "checkpoints" / "step-3" / "trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["data"]) == 2 and len(state["rng"]) == 2
     assert not torch.equal(state["rng"][0]["torch"], state["rng"][1]["torch"])  # each rank has its own stream
+
+
+def test_two_torchrun_nodes_on_one_machine_equal_one_process(tmp_path):
+    """Two ``torchrun --nnodes 2`` launches meeting at 127.0.0.1 behave as two machines of one job."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launches = [subprocess.Popen(
+        [str(torchrun), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "tests.training.worker", str(tmp_path / "nodes"), "tiny"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(2)]
+    model, data, eval_data, config = build("tiny", rank=0, world=1)
+    Trainer(model, LMObjective(two_terms=True), data, config, tmp_path / "single", eval_data=eval_data,
+            progress=False).fit()
+    for proc in launches:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-3000:]
+    nodes = load_file(str(tmp_path / "nodes" / "model.safetensors"))
+    single = model.state_dict()
+    assert max(float((nodes[k] - single[k]).abs().max()) for k in nodes) < 1e-6
+    state = torch.load(tmp_path / "nodes" / "checkpoints" / "step-3" / "trainer_state.pt", weights_only=True)
+    assert state["world_size"] == 2
