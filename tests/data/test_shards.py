@@ -12,6 +12,7 @@ from lmforge.data.shards import (
     ShardedCorpus,
     detect_format,
     file_documents,
+    load_file_records,
     prepare_corpus,
     token_dtype,
     tokenizer_hash,
@@ -75,8 +76,9 @@ def test_manifest_contents(corpus, tokenizer_dir, tokenizer):
     assert m["tokenizer"]["hash"] == tokenizer_hash(tokenizer_dir) == tokenizer_hash(tokenizer)
     assert m["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
     assert m["counts"]["files"] == 2 and m["counts"]["invalid_utf8_bytes"] == 0
-    assert [f["format"] for f in m["files"]] == ["lines", "lines"]
-    assert sum(f["documents"] for f in m["files"]) == m["counts"]["documents"] == 24
+    files = load_file_records(corpus.path)
+    assert [f["format"] for f in files] == ["lines", "lines"] and m["formats"] == {"lines": 2}
+    assert sum(f["documents"] for f in files) == m["counts"]["documents"] == 24
 
 
 def test_tokenizer_hash_covers_vocabulary_and_casing(tokenizer):
@@ -104,13 +106,14 @@ def test_format_detection_and_documents_format(tmp_path, tokenizer_dir, tokenize
     (tmp_path / "in" / "prose.txt").write_text(PROSE, encoding="utf-8")
     (tmp_path / "in" / "lines.txt").write_text(lines_text, encoding="utf-8")
     m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / "out", workers=1, show_progress=False)
-    assert {f["path"].rsplit("/", 1)[1]: f["format"] for f in m["files"]} == {"lines.txt": "lines",
+    assert {f["path"].rsplit("/", 1)[1]: f["format"] for f in load_file_records(tmp_path / "out")} == {
+        "lines.txt": "lines",
                                                                              "prose.txt": "documents"}
     assert m["counts"]["documents"] == 4
     # forcing a format applies it to every file
     m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / "out", input_format="documents",
                        workers=1, overwrite=True, show_progress=False)
-    assert m["counts"]["documents"] == 2 and {f["format"] for f in m["files"]} == {"documents"}
+    assert m["counts"]["documents"] == 2 and m["formats"] == {"documents": 2}
     corpus = ShardedCorpus(tmp_path / "out", tokenizer)
     expected = [tokenizer.encode_ids(s) for p in split_paragraphs(lines_text) for s in split_sentences(p)]
     assert read_all(corpus)[0] == expected
@@ -172,13 +175,14 @@ def test_bbc_corpus_with_two_workers(tmp_path, bbc_dir, bbc_texts):
     tok.save_pretrained(tmp_path / "tok")
     m = prepare_corpus(tmp_path / "tok", [bbc_dir], tmp_path / "bbc", workers=2, show_progress=False)
     assert m["counts"]["files"] == m["counts"]["documents"] == 2225
-    assert {f["format"] for f in m["files"]} == {"documents"}
+    assert m["formats"] == {"documents": 2225}
+    records = load_file_records(tmp_path / "bbc")
     assert [(Path(k).parts[-2:], v) for k, v in m["bad_files"].items()] == [(("sports", "199.txt"), 1)]
     assert m["counts"]["invalid_utf8_bytes"] == 1  # the one Latin-1 file is reported
     corpus = ShardedCorpus(tmp_path / "bbc", tmp_path / "tok")
     assert corpus.num_sentences > 30_000 and corpus.num_tokens > 1_000_000
     for d in (0, 1000, 2224):  # spot checks: the splitter's sentences, tokenized
-        path = m["files"][d]["path"]
+        path = records[d]["path"]
         text = open(path, "rb").read().decode("utf-8", errors="replace")
         expected = [tok.encode_ids(s) for p in split_paragraphs(text) for s in split_sentences(p)]
         assert [s.tolist() for s in corpus.document(d)] == [e for e in expected if e]
@@ -252,6 +256,6 @@ def test_large_lines_files_are_read_in_document_aligned_pieces(tmp_path, tokeniz
     for workers in (1, 2):
         m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / f"pieces{workers}", workers=workers,
                            show_progress=False)
-        assert m["files"] == reference["files"]
+        assert load_file_records(tmp_path / f"pieces{workers}") == load_file_records(tmp_path / "whole")
         assert m["counts"] == reference["counts"]
         assert read_all(ShardedCorpus(tmp_path / f"pieces{workers}")) == read_all(ShardedCorpus(tmp_path / "whole"))

@@ -2,6 +2,7 @@
 
 ``prepare_corpus`` tokenizes text files once (in parallel worker processes) and writes a *prepared folder*::
 
+    files.jsonl                     one record per input file (path, format used, counts, replaced bytes)
     manifest.json                   written last: what the shards hold and how they were made
     shard-00000.ids.npy             flat token ids of the shard, uint16 when vocab_size <= 65535 else uint32
     shard-00000.sent.npy            int64 end offset of each sentence in ids   (sentence k = ids[s[k-1]:s[k]])
@@ -72,6 +73,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+FILES_NAME = "files.jsonl"
 INPUT_FORMATS = ("auto", "lines", "documents")
 DEFAULT_SHARD_TOKENS = 1 << 25  # 33.5M tokens: 67 MB of uint16 ids
 PREPARE_HINT = "run `lmforge data prepare --tokenizer TOKENIZER_DIR --out {out} FILES_OR_FOLDERS` first"
@@ -389,35 +391,54 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
     (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # the folder reads as unprepared until we finish
     dtype = token_dtype(tokenizer.vocab_size)
     writer = _ShardWriter(out_dir, shard_size_tokens, dtype)
-    records: dict[int, dict[str, Any]] = {}
-    dropped_sentences = dropped_documents = 0
+    # Per-file records stream to files.jsonl as files complete (results arrive in file order), so the main
+    # process keeps no per-file state: its memory is bounded by one shard whatever the number of files.
+    files_tmp = out_dir / f".{FILES_NAME}.tmp"
+    bad_files: dict[str, int] = {}
+    formats: dict[str, int] = {}
+    totals = {"bytes": 0, "replaced": 0, "dropped_sentences": 0, "dropped_documents": 0}
+    record: dict[str, Any] | None = None
+
+    def finish(rec: dict[str, Any] | None, out) -> None:
+        if rec is None:
+            return
+        out.write(json.dumps(rec) + "\n")
+        formats[rec["format"]] = formats.get(rec["format"], 0) + 1
+        if rec["replaced_bytes"]:
+            bad_files[rec["path"]] = rec["replaced_bytes"]
+
     started = time.perf_counter()
     bar = tqdm(total=len(files), desc="preparing", unit="file", disable=not show_progress)
     try:
-        for res in _results(files, tokenizer_dir, input_format, dtype, min(workers, len(files))):
-            writer.add(res.ids, res.sent_lens, res.doc_sents)
-            record = records.get(res.index)
-            if record is None:  # the first (often only) piece of this file
-                record = records[res.index] = {"path": str(files[res.index]), "format": res.fmt, "documents": 0,
-                                               "sentences": 0, "tokens": 0, "bytes": 0, "replaced_bytes": 0}
-                bar.update(1)
-                bar.set_postfix(shards=len(writer.shards), refresh=False)
-            record["documents"] += len(res.doc_sents)
-            record["sentences"] += len(res.sent_lens)
-            record["tokens"] += len(res.ids)
-            record["bytes"] += res.nbytes
-            record["replaced_bytes"] += res.replaced
-            dropped_sentences += res.dropped_sentences
-            dropped_documents += res.dropped_documents
+        with open(files_tmp, "w", encoding="utf-8") as records_out:
+            for res in _results(files, tokenizer_dir, input_format, dtype, min(workers, len(files))):
+                writer.add(res.ids, res.sent_lens, res.doc_sents)
+                if record is None or record["index"] != res.index:  # the first (often only) piece of a file
+                    finish(record, records_out)
+                    record = {"index": res.index, "path": str(files[res.index]), "format": res.fmt, "documents": 0,
+                              "sentences": 0, "tokens": 0, "bytes": 0, "replaced_bytes": 0}
+                    bar.update(1)
+                    bar.set_postfix(shards=len(writer.shards), refresh=False)
+                record["documents"] += len(res.doc_sents)
+                record["sentences"] += len(res.sent_lens)
+                record["tokens"] += len(res.ids)
+                record["bytes"] += res.nbytes
+                record["replaced_bytes"] += res.replaced
+                totals["bytes"] += res.nbytes
+                totals["dropped_sentences"] += res.dropped_sentences
+                totals["dropped_documents"] += res.dropped_documents
+            finish(record, records_out)
         writer.flush()
+    except BaseException:
+        files_tmp.unlink(missing_ok=True)
+        raise
     finally:
         bar.close()
-    file_records = [records[i] for i in sorted(records)]
-    bad_files = {r["path"]: r["replaced_bytes"] for r in file_records if r["replaced_bytes"]}
     for path, n in bad_files.items():
         log.warning("%s: not valid UTF-8, %d byte(s) replaced by U+FFFD; re-save the file as UTF-8 to keep those "
                     "characters", path, n)
-    total_bytes = sum(r["bytes"] for r in file_records)
+    dropped_sentences, dropped_documents = totals["dropped_sentences"], totals["dropped_documents"]
+    total_bytes = totals["bytes"]
     if not writer.shards:
         raise InputFileError(f"the corpus is empty: {len(files)} file(s) hold no text that tokenizes to any "
                              f"token ({', '.join(map(str, inputs))}); give files with some text")
@@ -443,14 +464,22 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
                    "dropped_empty_documents": dropped_documents},
         "shards": writer.shards,
         "bad_files": bad_files,
-        "files": file_records,
+        "formats": formats,
+        "files": FILES_NAME,
         "seconds": round(seconds, 3),
     }
+    os.replace(files_tmp, out_dir / FILES_NAME)
     atomic_write_text(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
     log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s) from %d files in %.1f s (%s)",
              counts["documents"], counts["sentences"], counts["tokens"], len(writer.shards), len(files),
              seconds, out_dir)
     return manifest
+
+
+def load_file_records(path: str | Path) -> list[dict[str, Any]]:
+    """The per-file records of a prepared folder (``files.jsonl``: path, format, counts, replaced bytes)."""
+    with open(Path(path) / FILES_NAME, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def load_manifest(path: str | Path) -> dict[str, Any]:
