@@ -17,11 +17,11 @@ class CausalLMObjective:
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"))
-        labels = batch["labels"]
-        valid = labels != IGNORE  # (B, T)
-        logits = out.logits[valid].float()  # (N, V)
-        targets = labels[valid]  # (N,)
-        loss = F.cross_entropy(logits, targets, reduction="sum")
-        correct = (logits.argmax(-1) == targets).sum()
-        n = targets.numel()
+        labels = batch["labels"]  # (B, T)
+        logits = out.logits  # (B, T, V)
+        # ignore_index instead of gathering the valid rows: a gather would copy the whole (N, V) logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+        valid = labels != IGNORE
+        correct = ((logits.detach().argmax(-1) == labels) & valid).sum()
+        n = int(valid.sum())
         return ObjectiveOutput({"lm": (loss, n)}, {"lm_accuracy": (correct, n)})
