@@ -34,6 +34,7 @@ from lmforge.nn import (
     SinusoidalPositional,
     padding_to_key_mask,
 )
+from lmforge.nn.init import normal_init
 
 __all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
 
@@ -176,15 +177,7 @@ class Decoder(nn.Module):
         """GPT-2 initialisation (see the class docstring)."""
         std = self.config.init_std
         for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding | LearnedPositional):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+            normal_init(module, std)
         # GPT-2: residual projections scaled by 1/sqrt(2 L), so the residual stream's variance does not grow with
         # depth (two residual additions per layer).
         resid_std = std / math.sqrt(2 * self.config.n_layers)

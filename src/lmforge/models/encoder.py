@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.nn.init import normal_init
 from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
 
@@ -51,15 +52,7 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
     Meant for ``model.apply(lambda m: init_bert_weights(m, std))``. Deviation from Hugging Face: the padding row
     of the token embedding is not zeroed (nor is it in Google's BERT); padded positions never reach a loss.
     """
-    if isinstance(module, nn.Linear):
-        nn.init.normal_(module.weight, std=std)
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Embedding | LearnedPositional):
-        nn.init.normal_(module.weight, std=std)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+    normal_init(module, std)
 
 
 class EncoderEmbeddings(nn.Module):
