@@ -353,9 +353,12 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd_args = list(argv if argv is not None else sys.argv[1:])
     preload = os.environ.get("LD_PRELOAD", "")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
     command = reproduce_command(__file__, cmd_args)
     if preload:
         command = f"LD_PRELOAD={preload} {command}"
+    if tunables:
+        command = f"GLIBC_TUNABLES={tunables} {command}"
     print("# Pretraining throughput: lmforge vs Hugging Face transformers\n")
     print("Command (from the repository root):\n")
     print(f"```bash\n{command}\n```\n")
@@ -367,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {at_start[k][0]:.1f} / {at_end[k][0]:.1f} GFLOP/s (n = {at_start[k][1]})"
                       for k in at_start))
     print(f"- Allocator (both sides, one process): {allocator()}"
+          + (f", GLIBC_TUNABLES={tunables}" if tunables else "")
           + ("" if "tcmalloc" in preload or os.path.exists(TCMALLOC) else f"; {TCMALLOC} is not installed here"))
     print(f"- Load average (1, 5, 15 min) at end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     print(f"Training steps (forward + loss + backward + AdamW + zero_grad), train mode, dropout 0.1, length {LENGTH}; "
