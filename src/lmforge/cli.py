@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from lmforge import __version__
 from lmforge.commands import data as data_cmd
+from lmforge.commands import finetune as finetune_cmd
 from lmforge.commands import models as model_cmd
 from lmforge.commands import pretrain as pretrain_cmd
 from lmforge.commands import tokenizer as tok_cmd
@@ -28,6 +29,12 @@ COMMANDS: dict[str, Command] = {
                      data_cmd.run_prepare),
     "pretrain": ("pretrain BERT (mlm+nsp), RoBERTa (mlm), SpanBERT (span) or GPT (clm)",
                  pretrain_cmd.add_pretrain_arguments, pretrain_cmd.run_pretrain),
+    "finetune": ("fine-tune an encoder with a task head (sequence, pair, token, span, qa)",
+                 finetune_cmd.add_finetune_arguments, finetune_cmd.run_finetune),
+    "evaluate": ("score a fine-tuned model on labelled data; prints the metrics as JSON",
+                 finetune_cmd.add_evaluate_arguments, finetune_cmd.run_evaluate),
+    "predict": ("predictions of a fine-tuned model for a file of inputs (JSONL)", finetune_cmd.add_predict_arguments,
+                finetune_cmd.run_predict),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }

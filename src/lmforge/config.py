@@ -227,6 +227,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def toml_literal(value: Any) -> str:
+    """``value`` written as a TOML literal, for building ``key=value`` overrides from plain flags."""
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Set dotted keys in a nested dict (a copy); the dataclass check later rejects unknown keys."""
     out = _deep_copy(values)
@@ -351,3 +358,79 @@ class DataConfig:
             problems.append("max_span_len, max_predictions and dupe_factor must be >= 1")
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
+
+
+TASKS = ("sequence", "pair", "token", "span", "qa")
+LONG_TEXT = ("truncate", "head-tail", "chunks")
+WORD_POOLINGS = ("first", "mean")
+SPAN_POOLINGS = ("mean", "attention")
+SCHEMES = ("auto", "BIO", "IOB1", "BIOES")
+
+
+@dataclass
+class TaskConfig:
+    """A fine-tuning task: what the head predicts and how examples become model inputs.
+
+    ``freeze``: ``none``, ``all`` (the whole backbone: feature extraction), ``embeddings``, or
+    ``all-but-last:K`` (only the last K layers, the final norm and the pooler train). ``head_lr`` gives the head
+    its own peak learning rate (default: the run's lr); ``layer_decay`` < 1 scales layer l of L by
+    ``layer_decay ** (L + 1 - l)`` (embeddings l = 0; the head and pooler keep 1).
+    """
+
+    task: str = "sequence"
+    max_length: int = 128
+    text_column: str = "text"
+    text_pair_column: str = "text_pair"
+    label_column: str = "label"
+    long_text: str = "truncate"
+    head_tokens: int | None = None
+    max_chunks: int = 8
+    crf: bool = False
+    scheme: str = "auto"
+    subwords: str = "first"
+    word_pooling: str = "first"
+    max_span_width: int = 8
+    span_pooling: str = "mean"
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_answer_length: int = 30
+    n_best: int = 20
+    null_threshold: float = 0.0
+    freeze: str = "none"
+    head_lr: float | None = None
+    layer_decay: float = 1.0
+    epochs: float = 3.0
+    dropout: float | None = None
+    metric: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name, choices in (("task", TASKS), ("long_text", LONG_TEXT), ("word_pooling", WORD_POOLINGS),
+                              ("span_pooling", SPAN_POOLINGS), ("scheme", SCHEMES), ("subwords", ("first", "all"))):
+            if getattr(self, name) not in choices:
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        if self.max_length < 8:
+            problems.append(f"max_length={self.max_length} must be >= 8")
+        for name in ("max_chunks", "max_span_width", "doc_stride", "max_query_length", "max_answer_length",
+                     "n_best"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if self.head_tokens is not None and not 0 <= self.head_tokens <= self.max_length - 2:
+            problems.append(f"head_tokens={self.head_tokens} must be in [0, max_length - 2]")
+        if not 0.0 < self.layer_decay <= 1.0:
+            problems.append(f"layer_decay={self.layer_decay} must be in (0, 1]")
+        if self.head_lr is not None and self.head_lr <= 0:
+            problems.append(f"head_lr={self.head_lr} must be positive")
+        if self.epochs <= 0:
+            problems.append(f"epochs={self.epochs} must be positive")
+        if not _valid_freeze(self.freeze):
+            problems.append(f"freeze={self.freeze!r} is not one of none, all, embeddings, all-but-last:K (K >= 0)")
+        if problems:
+            raise LmforgeError("invalid task config: " + "; ".join(problems))
+
+
+def _valid_freeze(mode: str) -> bool:
+    if mode in ("none", "all", "embeddings"):
+        return True
+    prefix = "all-but-last:"
+    return mode.startswith(prefix) and mode[len(prefix):].isdigit()

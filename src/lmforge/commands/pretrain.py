@@ -22,6 +22,7 @@ from lmforge.config import (
     from_dict,
     load_toml,
     to_dict,
+    toml_literal,
 )
 from lmforge.errors import LmforgeError
 
@@ -79,7 +80,8 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_run(args: argparse.Namespace) -> PretrainRun:
     values: dict[str, Any] = load_toml(args.config) if args.config else {}
-    flags = [f"{key}={_toml(getattr(args, name))}" for name, key in FLAGS.items() if getattr(args, name) is not None]
+    flags = [f"{key}={toml_literal(getattr(args, name))}" for name, key in FLAGS.items()
+             if getattr(args, name) is not None]
     values = apply_overrides(values, flags + list(args.overrides))
     run = from_dict(PretrainRun, values, where=args.config or "pretrain")
     if not run.data.path:
@@ -87,12 +89,6 @@ def resolve_run(args: argparse.Namespace) -> PretrainRun:
     if not run.out:
         raise LmforgeError("no output folder: pass --out DIR or set out in the config")
     return run
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def build_pretraining_model(run: PretrainRun, vocab_size: int):

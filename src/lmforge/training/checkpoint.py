@@ -52,6 +52,7 @@ from lmforge.utils.io import atomic_open, atomic_write_bytes
 log = logging.getLogger("lmforge")
 
 CHECKPOINTS_DIR = "checkpoints"
+BEST_NAME = "best"  # the best model by the selected eval metric, while a run is going
 STATE_NAME = "trainer_state.pt"
 STATE_FORMAT = "lmforge-trainer-state"
 STATE_VERSION = 1
@@ -132,6 +133,32 @@ def save_model(model: nn.Module, directory: str | Path, *, model_config: ModelCo
                        save(tensors, metadata={"format": "pt", "tied": json.dumps(tied)}))
     if tokenizer is not None:
         tokenizer.save_pretrained(directory, overwrite=True)
+
+
+def save_model_atomically(model: nn.Module, directory: str | Path, **kwargs: Any) -> None:
+    """``save_model`` into a temporary sibling folder, then swap it in: a crash leaves the old or the new folder."""
+    directory = Path(directory)
+    tmp = directory.parent / f".tmp-{directory.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_model(model, tmp, **kwargs)
+    _fsync_dir(tmp)
+    old = directory.parent / f".tmp-old-{directory.name}-{os.getpid()}"
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(directory.parent)
+
+
+def promote_model(source: str | Path, target: str | Path) -> None:
+    """Copy the model files of folder ``source`` into ``target`` (each file atomically), then remove ``source``."""
+    source, target = Path(source), Path(target)
+    for path in sorted(source.iterdir()):
+        if path.is_file():
+            atomic_write_bytes(target / path.name, path.read_bytes())
+    shutil.rmtree(source, ignore_errors=True)
 
 
 def load_model(model: nn.Module, directory: str | Path) -> None:

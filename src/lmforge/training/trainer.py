@@ -56,7 +56,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -184,6 +184,12 @@ class Trainer:
         resume: "never", "auto" (the latest complete checkpoint under ``out_dir/checkpoints``, if any), or a path.
         overwrite: start afresh in an ``out_dir`` that holds a run (renamed to ``<out_dir>.old-<timestamp>``).
         progress: show a progress bar (rank 0).
+        evaluator: ``evaluator(model) -> {metric: value}``, called in eval mode without gradients at every
+            evaluation (on every process, which must all return the same numbers), e.g. a fine-tuning task's
+            dev-set accuracy or F1 computed over the whole dev set; merged into the eval record under its own names.
+        select: keep the best model by this eval metric (``"f1"``; ``"-eval_loss"`` to minimise): whenever an
+            evaluation improves on it, the model is saved to ``out_dir/best``; at the end the final model and
+            ``eval_results.json`` in ``out_dir`` are those of the best evaluation.
 
     Raises:
         LmforgeError: a batch split that does not divide, an ``out_dir`` holding another run, a checkpoint whose
@@ -193,18 +199,22 @@ class Trainer:
     def __init__(self, model: nn.Module, objective: Objective, train_data: TrainData, config: TrainConfig,
                  out_dir: str | Path, *, eval_data: Any = None, model_config: ModelConfig | None = None,
                  head: dict[str, Any] | None = None, tokenizer: Any = None, run_config: dict[str, Any] | None = None,
-                 resume: str | Path = "never", overwrite: bool = False, progress: bool = True) -> None:
+                 resume: str | Path = "never", overwrite: bool = False, progress: bool = True,
+                 evaluator: Callable[[nn.Module], dict[str, float]] | None = None, select: str | None = None,
+                 lr_scales: dict[str, float] | None = None) -> None:
         self.dist = dist.init_distributed()
         self.config = config
         self.out_dir = Path(out_dir)
         self.objective, self.train_data, self.eval_data = objective, train_data, eval_data
         self.head, self.tokenizer, self.run_config, self.progress = head, tokenizer, run_config, progress
+        self.evaluator, self.select = evaluator, select
+        self.best: dict[str, Any] | None = None  # {"value", "step", "record"} of the best evaluation so far
         self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
         self.device = resolve_device(config.device, self.dist)
         self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
         self._forward_model = model.to(self.device)  # what objectives call (compiled, later DDP-wrapped)
         self.model_config = model_config or _find_model_config(self.model)
-        self.optimizer = build_optimizer(self.model, config)
+        self.optimizer = build_optimizer(self.model, config, lr_scales)
         self.scheduler = build_scheduler(self.optimizer, config)
         self.step, self.epoch, self.tokens, self.elapsed_s = 0, 0, 0, 0.0
         self.last_eval: dict[str, float] = {}
@@ -250,6 +260,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.tokens = state["step"], state["epoch"], state["tokens"]
         self.elapsed_s, self.last_eval = state["elapsed_s"], dict(state["last_eval"])
+        self.best = state.get("best")
         self._window = state["window"]
         if self.dist.is_main:
             log.info("resuming from %s (step %d)", path, self.step)
@@ -292,12 +303,12 @@ class Trainer:
                     if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                         last_record = self._flush_window(lr)
                         metrics.write(last_record)
-                    if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
                         self._evaluate_and_record(metrics)
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self.save_checkpoint()
                         last_saved = self.step
-                if self.eval_data is not None and self.last_eval.get("step") != self.step:
+                if self._evaluates and self.last_eval.get("step") != self.step:
                     self._evaluate_and_record(metrics)
                 if last_saved != self.step:
                     self.save_checkpoint()
@@ -477,13 +488,52 @@ class Trainer:
                 result[f"eval_{name}"] = total / count if count else 0.0
         return result
 
+    @property
+    def _evaluates(self) -> bool:
+        return self.eval_data is not None or self.evaluator is not None
+
+    def _run_evaluator(self) -> dict[str, float]:
+        rng = ckpt.capture_rng()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                return {k: float(v) for k, v in self.evaluator(self.model).items()}
+        finally:
+            self.model.train(was_training)
+            ckpt.restore_rng(rng)
+
     def _evaluate_and_record(self, metrics: MetricsLog) -> None:
-        self.last_eval = {"step": self.step, **self.evaluate()}
+        record: dict[str, Any] = {"step": self.step}
+        if self.eval_data is not None:
+            record.update(self.evaluate())
+        if self.evaluator is not None:
+            record.update(self._run_evaluator())
+        self.last_eval = record
         metrics.write(self.last_eval)
         if self.dist.is_main:
             log.info("step %d: %s", self.step, ", ".join(f"{k} {v:.4g}" for k, v in self.last_eval.items()
                                                          if k != "step"))
             self._plot()
+        self._keep_if_best(record)
+
+    def _keep_if_best(self, record: dict[str, Any]) -> None:
+        if not self.select:
+            return
+        name, sign = (self.select[1:], -1.0) if self.select.startswith("-") else (self.select, 1.0)
+        if name not in record:
+            raise LmforgeError(f"cannot select the best model by {name!r}: the evaluation reports "
+                               f"{', '.join(k for k in record if k != 'step')}")
+        value = sign * float(record[name])
+        if self.best is not None and not value > self.best["value"]:
+            return
+        self.best = {"value": value, "step": self.step, "record": dict(record)}
+        if self.dist.is_main:
+            ckpt.save_model_atomically(self.model, self.out_dir / ckpt.BEST_NAME, model_config=self.model_config,
+                                       head=self.head, tokenizer=self.tokenizer)
+            log.info("step %d: best %s so far (%.4g); saved to %s", self.step, name, record[name],
+                     self.out_dir / ckpt.BEST_NAME)
+        dist.barrier(self.dist)
 
     # ---------------------------------------------------------------------------------------- saving
     def save_checkpoint(self) -> Path:
@@ -497,7 +547,7 @@ class Trainer:
                      "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
                      "model_config": to_dict(self.model_config) if self.model_config else None,
                      "window": self._window, "elapsed_s": self._elapsed(), "tokens": self.tokens,
-                     "last_eval": self.last_eval}
+                     "last_eval": self.last_eval, "best": self.best}
             ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
                                  head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)
             log.info("saved checkpoint %s", path)
@@ -506,11 +556,17 @@ class Trainer:
 
     def _save_final(self) -> None:
         if self.dist.is_main:
-            ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
-                            tokenizer=self.tokenizer)
+            best_dir = self.out_dir / ckpt.BEST_NAME
+            if self.best is not None and best_dir.is_dir():
+                ckpt.promote_model(best_dir, self.out_dir)  # the final model is the best one
+                results = {**self.best["record"], "best_step": self.best["step"], "last_step": self.step}
+            else:
+                ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
+                                tokenizer=self.tokenizer)
+                results = self.last_eval
             self._write_run_config()
-            if self.last_eval:
-                atomic_write_text(self.out_dir / "eval_results.json", json.dumps(self.last_eval, indent=2) + "\n")
+            if results:
+                atomic_write_text(self.out_dir / "eval_results.json", json.dumps(results, indent=2) + "\n")
             self._plot()
             log.info("saved the final model in %s", self.out_dir)
         dist.barrier(self.dist)

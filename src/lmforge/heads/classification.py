@@ -1,0 +1,83 @@
+"""Sequence classification and regression on the pooled [CLS] representation (Devlin et al., 2019, section 4.1).
+
+One text, or a sentence pair told apart by segment ids, is classified from the encoder's ``pooled_output``
+(``tanh(W h_[CLS] + b)``, BERT's pooler): ``logits = W_c dropout(pooled)``. Regression (e.g. STS-B) is the same head
+with one output and a squared-error loss.
+
+Long texts split into windows (``--long-text chunks``) are classified as one document: every window is a row of
+the batch, ``doc_index`` (R,) maps each row to its document, and the document's logits are the mean of its
+windows' logits. The loss is taken on the document logits, so training and prediction see the same pooling.
+
+Shapes: R rows (windows), B documents, D model dim, C classes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+
+
+class SequenceClassificationOutput(NamedTuple):
+    """``logits`` (B, C) per document (C = 1 for regression); ``loss_sum`` summed over documents, ``loss_count``."""
+
+    logits: Tensor
+    loss_sum: Tensor | None = None
+    loss_count: Tensor | None = None
+
+
+class SequenceClassificationHead(nn.Module):
+    """Dropout and a linear layer over the pooled [CLS] vector; cross-entropy, or squared error for regression.
+
+    Args:
+        d_model: the encoder's hidden size D.
+        labels: the class names (C = len(labels)); ignored for regression.
+        regression: one output trained with the squared error (sum over documents, averaged by the Trainer).
+        dropout: on the pooled vector (BERT fine-tuning: 0.1).
+    """
+
+    def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1) -> None:
+        super().__init__()
+        if not regression and len(labels) < 2:
+            raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
+                               "float labels (regression)")
+        self.labels, self.regression = list(labels), regression
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
+
+    def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None
+                ) -> SequenceClassificationOutput:
+        """``out``: the backbone's output (``pooled_output`` (R, D)); ``labels`` (B,) class ids or float targets;
+        ``doc_index`` (R,) the document of each row (default: one row per document)."""
+        logits = self.classifier(self.dropout(out.pooled_output))  # (R, C)
+        if doc_index is not None:
+            logits = pool_rows(logits, doc_index)  # (B, C)
+        if labels is None:
+            return SequenceClassificationOutput(logits)
+        if self.regression:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+        else:
+            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        return SequenceClassificationOutput(logits, loss, torch.tensor(labels.shape[0]))
+
+
+def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
+    """Mean of the rows of each document: (R, C) with ``doc_index`` (R,) in 0..B-1 -> (B, C)."""
+    n_docs = int(doc_index.max()) + 1
+    sums = row_logits.new_zeros(n_docs, row_logits.shape[-1]).index_add(0, doc_index, row_logits)
+    counts = torch.bincount(doc_index, minlength=n_docs).clamp(min=1).to(row_logits.dtype)
+    return sums / counts[:, None]
+
+
+def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: list[str], regression: bool = False,
+                        dropout: float | None = None) -> SequenceClassificationHead:
+    if getattr(backbone, "pooler", None) is None:
+        raise LmforgeError(f"sequence classification reads the pooled [CLS] vector, which a {config.arch} backbone "
+                           "does not have; use an encoder (a bert-* preset or a BERT checkpoint)")
+    return SequenceClassificationHead(config.d_model, labels, regression=regression,
+                                      dropout=config.dropout if dropout is None else dropout)

@@ -1,0 +1,189 @@
+"""What every fine-tuning task shares: the ``Task`` interface, the feature dataset and the objective.
+
+A task turns a user's file into examples (``read``), examples into model features (``featurize``: lists of
+ids, one or more features per example), features into padded tensors (``collate``), runs the model over features
+(``predict``: one decoded prediction per example), scores predictions (``metrics``) and writes them as JSON
+(``record``). Its ``head_spec`` describes the head it needs, with the task's own settings and labels under the
+``task`` key, so a saved model folder knows how to read and featurize new inputs (``lmforge predict``,
+``lmforge evaluate``, the pipelines).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.config import TaskConfig, from_dict, to_dict
+from lmforge.errors import LmforgeError
+from lmforge.objectives.base import ObjectiveOutput
+
+log = logging.getLogger("lmforge")
+
+Feature = dict[str, Any]
+
+
+class Task:
+    """Base class of the fine-tuning tasks; subclasses fill in the data and decoding steps.
+
+    Attributes:
+        config: the TaskConfig.
+        labels: the label names, fixed from the training data (``fit_labels``) or read from a saved model.
+        head_type: the ``lmforge.heads`` builder name.
+        loss_name: the loss term's name in the logs.
+    """
+
+    head_type = ""
+    loss_name = "task"
+    default_metric = "f1"
+
+    def __init__(self, config: TaskConfig, labels: Sequence[str] | None = None) -> None:
+        self.config = config
+        self.labels: list[str] = list(labels or [])
+
+    # ---------------------------------------------------------------------------------------- description
+    def head_options(self) -> dict[str, Any]:
+        """Builder options of the head (JSON-plain)."""
+        return {"labels": self.labels}
+
+    def head_spec(self) -> dict[str, Any]:
+        return {"type": self.head_type, **self.head_options(), "task": to_dict(self.config)}
+
+    @classmethod
+    def from_head_spec(cls, spec: dict[str, Any]) -> Task:
+        config = from_dict(TaskConfig, spec.get("task") or {}, where="the model's config.json: head.task")
+        return cls(config, spec.get("labels"))
+
+    @property
+    def metric(self) -> str:
+        return self.config.metric or self.default_metric
+
+    # ---------------------------------------------------------------------------------------- data
+    def read(self, path: str, *, labelled: bool = True) -> list[Any]:
+        raise NotImplementedError
+
+    def fit_labels(self, examples: list[Any]) -> None:
+        """Fix the label set from the training examples."""
+        raise NotImplementedError
+
+    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+        raise NotImplementedError
+
+    def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        """Items the loss is summed over, read from the batch (see ``lmforge.objectives.base``)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------- outputs
+    def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
+                batch_size: int = 32) -> list[Any]:
+        raise NotImplementedError
+
+    def metrics(self, examples: list[Any], predictions: list[Any]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def record(self, example: Any, prediction: Any) -> dict[str, Any]:
+        """One line of ``lmforge predict`` output."""
+        raise NotImplementedError
+
+    def label_id(self, label: str, where: str) -> int:
+        try:
+            return self._label_ids[label]
+        except KeyError:
+            raise LmforgeError(f"{where}: label {label!r} never appears in the training data (labels: "
+                               f"{', '.join(map(str, self.labels[:30]))}); fix the file or add examples of it "
+                               "to the training set") from None
+
+    @property
+    def _label_ids(self) -> dict[str, int]:
+        if getattr(self, "_ids_for", None) is not self.labels:
+            self._ids, self._ids_for = {label: i for i, label in enumerate(self.labels)}, self.labels
+        return self._ids
+
+
+class FeatureData:
+    """Training features in a seeded random order per epoch, in micro-batches; exactly resumable.
+
+    The order of epoch e is a permutation drawn from ``seed + e``; the position is (epoch, index), so a resumed
+    run continues with the same batches. Under DDP each process takes every ``world_size``-th feature of the
+    permutation (the last batch of an epoch may be smaller).
+    """
+
+    def __init__(self, features: list[Feature], collate: Callable[[list[Feature]], dict[str, Tensor]], *,
+                 seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1) -> None:
+        if not features:
+            raise LmforgeError("no training example: the training file gave no feature")
+        self.features, self.collate, self.seed, self.shuffle = features, collate, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            order = list(range(len(self.features)))
+        else:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.features), generator=generator).tolist()
+        return order[self.rank::self.world_size]
+
+    def batches(self, micro_batch_size: int) -> Iterator[dict[str, Tensor]]:
+        order = self._order()
+        while self.position < len(order):
+            chunk = order[self.position:self.position + micro_batch_size]
+            self.position += len(chunk)
+            yield self.collate([self.features[i] for i in chunk])
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        return max(1, math.ceil(len(self.features) / batch_size))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class TaskObjective:
+    """``objective(model, batch)``: the head computes its own loss; one term named after the task."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
+        out = model(**batch)
+        return ObjectiveOutput({self.task.loss_name: (out.loss_sum, out.loss_count)}, {})
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        return self.task.counts(batch)
+
+
+def feature_length(feature: Feature) -> int:
+    """Tokens of a feature: its ``length`` entry, else the length of its ``input_ids``."""
+    return int(feature["length"]) if "length" in feature else len(feature["input_ids"])
+
+
+def run_model(model: nn.Module, features: list[Feature], collate: Callable[[list[Feature]], dict[str, Tensor]],
+              batch_size: int, *, drop: Sequence[str] = ()) -> Iterator[tuple[list[int], Any]]:
+    """Yield ``(feature indices, head output)`` over ``features`` in eval mode without gradients.
+
+    Features are sorted by length so each batch pads little; ``drop`` names batch keys (labels) not to pass.
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                chunk = order[start:start + batch_size]
+                batch = collate([features[i] for i in chunk])
+                batch = {k: v.to(device) for k, v in batch.items() if k not in drop}
+                yield chunk, model(**batch)
+    finally:
+        model.train(was_training)

@@ -1,0 +1,188 @@
+"""Sequence and sentence-pair classification / regression (``--task sequence`` and ``--task pair``).
+
+Texts longer than ``max_length`` tokens (BERT's window is 512; a BBC article often runs past 128) are handled as
+``long_text`` says, and the number of examples that did not fit is reported:
+
+- ``truncate``: the first ``max_length - 2`` tokens;
+- ``head-tail``: the first ``head_tokens`` and the last ``max_length - 2 - head_tokens`` tokens (Sun et al., 2019,
+  "How to Fine-Tune BERT for Text Classification", found head 128 + tail 382 best for long IMDb reviews); the
+  default ``head_tokens`` is a quarter of the window, their ratio;
+- ``chunks``: consecutive windows of ``max_length - 2`` tokens (at most ``max_chunks``, counted when cut), each
+  encoded on its own; the document's logits are the mean of its windows' logits, in training and prediction.
+
+A pair (``--task pair``) is encoded as ``[CLS] a [SEP] b [SEP]`` with segment ids 0/1 and cut longest-first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.errors import LmforgeError
+from lmforge.tasks.base import Feature, Task, run_model
+
+log = logging.getLogger("lmforge")
+
+
+def _sort_labels(labels: set[str]) -> list[str]:
+    """Numeric labels in numeric order ("2" before "10"), others alphabetically."""
+    try:
+        return sorted(labels, key=float)
+    except ValueError:
+        return sorted(labels)
+
+
+class SequenceTask(Task):
+    head_type = "sequence_classification"
+    loss_name = "cls"
+
+    def __init__(self, config, labels=None, regression: bool = False) -> None:
+        super().__init__(config, labels)
+        self.regression = regression
+        self.truncated = 0  # examples of the last featurize call that did not fit
+
+    @property
+    def pair(self) -> bool:
+        return self.config.task == "pair"
+
+    @property
+    def default_metric(self) -> str:  # type: ignore[override]
+        return "pearson" if self.regression else "accuracy"
+
+    def head_options(self) -> dict[str, Any]:
+        return {"labels": self.labels, "regression": self.regression}
+
+    @classmethod
+    def from_head_spec(cls, spec: dict[str, Any]) -> SequenceTask:
+        task = super().from_head_spec(spec)
+        task.regression = bool(spec.get("regression", False))
+        return task
+
+    # ---------------------------------------------------------------------------------------- data
+    def read(self, path: str, *, labelled: bool = True) -> list[Any]:
+        from lmforge.data.readers import read_classification
+
+        c = self.config
+        data = read_classification(path, text_column=c.text_column, text_pair_column=c.text_pair_column,
+                                   label_column=c.label_column, require_labels=labelled, pair=self.pair)
+        fitted = bool(self.labels) or self.regression
+        if fitted and data.kind is not None and (data.kind == "regression") != self.regression:
+            found = "numbers with decimals" if data.kind == "regression" else "classes"
+            raise LmforgeError(f"{path}: the labels are {found}, but the model was trained for "
+                               f"{'regression' if self.regression else 'classification'}")
+        self._kind = data.kind
+        return data.examples
+
+    def fit_labels(self, examples: list[Any]) -> None:
+        self.regression = getattr(self, "_kind", None) == "regression"
+        self.labels = [] if self.regression else _sort_labels({str(e.label) for e in examples})
+        if not self.regression and len(self.labels) < 2:
+            raise LmforgeError(f"the training data has a single label ({self.labels}); classification needs two "
+                               "or more")
+
+    def _target(self, example: Any) -> float | int | None:
+        if example.label is None:
+            return None
+        if self.regression:
+            return float(example.label)
+        return self.label_id(str(example.label), f"line {example.line}")
+
+    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+        c = self.config
+        room = c.max_length - 2
+        features, cut = [], 0
+        for i, example in enumerate(examples):
+            if self.pair:
+                enc = tokenizer(example.text, example.text_pair or "", max_length=c.max_length,
+                                truncation="longest_first")
+                windows, segments = [enc["input_ids"]], [enc["token_type_ids"]]
+                cut += enc.truncated
+            else:
+                ids = tokenizer.encode_ids(example.text)
+                pieces, was_cut = self._fit(ids, room)
+                cut += was_cut
+                windows = [[tokenizer.cls_id, *p, tokenizer.sep_id] for p in pieces]
+                segments = [[0] * len(w) for w in windows]
+            feature: Feature = {"windows": windows, "segments": segments, "example_index": i,
+                                "length": max(len(w) for w in windows) * len(windows)}
+            target = self._target(example)
+            if target is not None:
+                feature["label"] = target
+            features.append(feature)
+        self.truncated = cut
+        if cut:
+            how = {"truncate": "truncated", "head-tail": "cut to their head and tail",
+                   "chunks": f"cut at {c.max_chunks} windows"}[c.long_text if not self.pair else "truncate"]
+            log.warning("%d of %d examples are longer than max_length=%d tokens and were %s (--long-text "
+                        "truncate|head-tail|chunks, --max-length)", cut, len(examples), c.max_length, how)
+        return features
+
+    def _fit(self, ids: list[int], room: int) -> tuple[list[list[int]], bool]:
+        """The token windows of one text and whether anything was dropped."""
+        c = self.config
+        if len(ids) <= room:
+            return [ids], False
+        if c.long_text == "truncate":
+            return [ids[:room]], True
+        if c.long_text == "head-tail":
+            head = c.head_tokens if c.head_tokens is not None else room // 4
+            return [ids[:head] + ids[len(ids) - (room - head):]], True
+        windows = [ids[s:s + room] for s in range(0, len(ids), room)]
+        return windows[:c.max_chunks], len(windows) > c.max_chunks
+
+    def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
+        rows = [w for f in features for w in f["windows"]]
+        segments = [s for f in features for s in f["segments"]]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        token_type_ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (row, seg) in enumerate(zip(rows, segments, strict=True)):
+            input_ids[r, :len(row)] = torch.tensor(row)
+            token_type_ids[r, :len(seg)] = torch.tensor(seg)
+            attention_mask[r, :len(row)] = 1
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        if len(rows) != len(features):
+            batch["doc_index"] = torch.tensor([d for d, f in enumerate(features) for _ in f["windows"]])
+        if all("label" in f for f in features):
+            dtype = torch.float32 if self.regression else torch.long
+            batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype)
+        return batch
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        return {self.loss_name: int(batch["labels"].shape[0])}
+
+    # ---------------------------------------------------------------------------------------- outputs
+    def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
+                batch_size: int = 32) -> list[dict[str, Any]]:
+        logits: list[Tensor | None] = [None] * len(examples)
+        for chunk, out in run_model(model, features, lambda fs: self.collate(fs, tokenizer.pad_id), batch_size,
+                                    drop=("labels",)):
+            for j, i in enumerate(chunk):
+                logits[features[i]["example_index"]] = out.logits[j].float().cpu()
+        predictions = []
+        for row in logits:
+            if self.regression:
+                predictions.append({"value": float(row[0])})
+            else:
+                probs = row.softmax(-1)
+                best = int(probs.argmax())
+                predictions.append({"label": self.labels[best], "score": float(probs[best]),
+                                    "probabilities": dict(zip(self.labels, probs.tolist(), strict=True))})
+        return predictions
+
+    def metrics(self, examples: list[Any], predictions: list[dict[str, Any]]) -> dict[str, float]:
+        from lmforge.metrics import classification_metrics, regression_metrics
+
+        if self.regression:
+            return regression_metrics([float(e.label) for e in examples], [p["value"] for p in predictions])
+        return classification_metrics([str(e.label) for e in examples], [p["label"] for p in predictions])
+
+    def record(self, example: Any, prediction: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": example.text}
+        if self.pair:
+            out["text_pair"] = example.text_pair
+        return {**out, **prediction}
