@@ -396,6 +396,7 @@ class TaskConfig:
     max_answer_length: int = 30
     n_best: int = 20
     null_threshold: float = 0.0
+    version_2: bool | None = None
     freeze: str = "none"
     head_lr: float | None = None
     layer_decay: float = 1.0

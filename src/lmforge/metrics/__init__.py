@@ -1,0 +1,39 @@
+"""Evaluation metrics for fine-tuned tasks: sentence classification/regression (GLUE), entities (conlleval) and
+extractive QA (SQuAD). Pure Python and NumPy; no model code.
+
+SQuAD's per-answer F1 is exported as ``squad_f1`` (the module name is ``lmforge.metrics.squad.f1``) so that it is
+not mistaken for the classification F1 (``macro_f1``).
+"""
+
+from __future__ import annotations
+
+from lmforge.metrics.classification import (
+    accuracy,
+    classification_metrics,
+    macro_f1,
+    matthews_corrcoef,
+    mean_squared_error,
+    pearson,
+    regression_metrics,
+    spearman,
+)
+from lmforge.metrics.entities import entity_scores, span_scores
+from lmforge.metrics.squad import exact_match, normalize_answer, squad_scores
+from lmforge.metrics.squad import f1 as squad_f1
+
+__all__ = [
+    "accuracy",
+    "classification_metrics",
+    "entity_scores",
+    "exact_match",
+    "macro_f1",
+    "matthews_corrcoef",
+    "mean_squared_error",
+    "normalize_answer",
+    "pearson",
+    "regression_metrics",
+    "spearman",
+    "span_scores",
+    "squad_f1",
+    "squad_scores",
+]

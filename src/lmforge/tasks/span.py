@@ -1,0 +1,88 @@
+"""Span labeling (``--task span``): JSONL sentences with labelled spans, every span up to ``max_span_width`` words
+classified, non-overlapping spans decoded greedily, exact-match span F1.
+
+Input lines: ``{"tokens": [...], "spans": [{"start": s, "end": e, "label": "PER"}, ...]}`` with ``end``
+EXCLUSIVE (``tokens[s:e]``). Gold spans wider than ``max_span_width`` cannot be predicted and are counted in a
+warning (raise ``--task.max_span_width``); so are sentences longer than ``max_length`` sub-words.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torch import Tensor, nn
+
+from lmforge.errors import LmforgeError
+from lmforge.tasks.base import Feature, Task, run_model
+
+log = logging.getLogger("lmforge")
+
+
+class SpanTask(Task):
+    head_type = "span_classification"
+    loss_name = "span"
+    default_metric = "f1"
+
+    def head_options(self) -> dict[str, Any]:
+        c = self.config
+        options = {"labels": self.labels, "max_span_width": c.max_span_width, "pooling": c.span_pooling}
+        return {**options, "dropout": c.dropout} if c.dropout is not None else options
+
+    def read(self, path: str, *, labelled: bool = True) -> list[Any]:
+        from lmforge.data.readers import read_spans
+
+        return read_spans(path, require_spans=labelled)
+
+    def fit_labels(self, examples: list[Any]) -> None:
+        self.labels = sorted({label for e in examples for _, _, label in e.spans})
+        if not self.labels:
+            raise LmforgeError("the training data has no labelled span")
+
+    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+        from lmforge.data.token_features import featurize_spans
+
+        c = self.config
+        for e in examples:
+            for _, _, label in e.spans or ():
+                if label not in self._label_ids:
+                    self.label_id(label, f"line {e.line}")  # raises, naming the line
+        features, truncated, too_wide = featurize_spans([(e.tokens, e.spans) for e in examples], tokenizer,
+                                                        self._label_ids, c.max_length, c.max_span_width)
+        if truncated:
+            log.warning("%d of %d sentences are longer than max_length=%d sub-words; their last words were cut",
+                        truncated, len(examples), c.max_length)
+        if too_wide:
+            log.warning("%d gold spans are wider than max_span_width=%d words and cannot be predicted "
+                        "(--task.max_span_width)", too_wide, c.max_span_width)
+        return features
+
+    def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
+        from lmforge.data.token_features import collate_spans
+
+        return collate_spans(features, pad_id)
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        return {self.loss_name: int((batch["span_labels"] != -100).sum())}
+
+    def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
+                batch_size: int = 32) -> list[list[tuple[int, int, str]]]:
+        results: list[list[tuple[int, int, str]]] = [[] for _ in examples]
+        collate = lambda fs: self.collate(fs, tokenizer.pad_id)  # noqa: E731
+        for chunk, out in run_model(model, features, collate, batch_size, drop=("span_labels",)):
+            for j, spans in enumerate(model.head.decode(out)):
+                results[chunk[j]] = [tuple(s) for s in spans]
+        return results
+
+    def metrics(self, examples: list[Any], predictions: list[list[tuple[int, int, str]]]) -> dict[str, float]:
+        from lmforge.metrics import span_scores
+
+        scores = span_scores([e.spans for e in examples], predictions)
+        out = {"precision": scores["precision"], "recall": scores["recall"], "f1": scores["f1"]}
+        out.update({f"f1_{kind}": v["f1"] for kind, v in sorted(scores["per_type"].items())})
+        return out
+
+    def record(self, example: Any, prediction: list[tuple[int, int, str]]) -> dict[str, Any]:
+        return {"tokens": example.tokens,
+                "spans": [{"start": s, "end": e, "label": label, "text": " ".join(example.tokens[s:e])}
+                          for s, e, label in prediction]}
