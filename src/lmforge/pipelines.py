@@ -1,0 +1,253 @@
+"""One-line inference: ``lmforge.pipeline(task, model=DIR)`` returns a callable for raw text.
+
+=======================  ==============================================  ==========================================
+task                     model folder                                    call -> result
+=======================  ==============================================  ==========================================
+``fill-mask``            a pretrained encoder with its MLM head          ``"Paris is the [MASK] of France."`` ->
+                                                                         ``[{"token", "token_id", "score",
+                                                                         "sequence"}, ...]`` (top_k; a list per
+                                                                         mask when there are several)
+``text-classification``  ``lmforge finetune --task sequence|pair``       ``"text"`` or ``{"text", "text_pair"}``
+                                                                         -> ``{"label", "score"}`` (``{"value"}``
+                                                                         for regression)
+``token-classification`` ``lmforge finetune --task token`` (or span)     ``"text"`` -> ``[{"entity_group",
+                                                                         "start", "end", "word", "score"}, ...]``
+                                                                         with character offsets into the text
+``question-answering``   ``lmforge finetune --task qa``                  ``{"question", "context"}`` ->
+                                                                         ``{"answer", "start", "end", "score"}``
+``feature-extraction``   any encoder (lmforge or Hugging Face BERT)      ``"text"`` -> a vector (``pooling``
+                                                                         ``mean``/``cls``) or one per token
+=======================  ==============================================  ==========================================
+
+Every pipeline takes one input or a list of inputs (and then returns a list). Texts longer than the model's
+window are truncated with a counted warning, except for question answering, which slides windows over the
+context.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.errors import LmforgeError
+
+PIPELINES = ("fill-mask", "text-classification", "token-classification", "question-answering",
+             "feature-extraction")
+
+
+def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, **options: Any):
+    """Build the pipeline for ``task`` from the model folder ``model`` (see the module docstring).
+
+    Args:
+        task: one of ``PIPELINES``.
+        model: a model folder (saved by lmforge, or a Hugging Face BERT folder for fill-mask and
+            feature-extraction).
+        device: where the model runs.
+        batch_size: inputs per forward pass.
+        options: per pipeline: ``top_k`` (fill-mask, 5); ``layers``, ``combine``, ``pooling`` (feature-extraction,
+            see ``lmforge.embeddings.contextual.embed_texts``).
+    """
+    builders = {"fill-mask": FillMaskPipeline, "text-classification": TextClassificationPipeline,
+                "token-classification": TokenClassificationPipeline, "question-answering": QuestionAnsweringPipeline,
+                "feature-extraction": FeatureExtractionPipeline}
+    if task not in builders:
+        raise LmforgeError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
+    return builders[task](model, device=device, batch_size=batch_size, **options)
+
+
+def _as_list(inputs: Any) -> tuple[list[Any], bool]:
+    if isinstance(inputs, (str, dict)):
+        return [inputs], True
+    if isinstance(inputs, (list, tuple)):
+        return list(inputs), False
+    raise LmforgeError(f"expected a text, a dict or a list of them, got {type(inputs).__name__}")
+
+
+def _check_text(text: Any, what: str = "text") -> str:
+    if not isinstance(text, str):
+        raise LmforgeError(f"{what} must be a string, got {type(text).__name__}")
+    return text
+
+
+class _TaskPipeline:
+    """A fine-tuned model folder: its model, task and tokenizer."""
+
+    expected: tuple[str, ...] = ()
+
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32) -> None:
+        from lmforge.commands.finetune import load_task_model
+
+        self.model, self.task, self.tokenizer = load_task_model(str(model))
+        if self.task.config.task not in self.expected:
+            raise LmforgeError(f"{model}: a model fine-tuned for {self.task.config.task!r}; this pipeline needs "
+                               f"one fine-tuned for {' or '.join(self.expected)}")
+        self.model.to(device).eval()
+        self.batch_size = batch_size
+
+    def _predict(self, examples: list[Any]) -> list[Any]:
+        features = self.task.featurize(examples, self.tokenizer, training=False)
+        return self.task.predict(self.model, examples, features, self.tokenizer, batch_size=self.batch_size)
+
+
+class TextClassificationPipeline(_TaskPipeline):
+    expected = ("sequence", "pair")
+
+    def __call__(self, inputs: str | dict | list) -> Any:
+        from lmforge.data.readers import ClassificationExample
+
+        items, single = _as_list(inputs)
+        examples = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict):
+                unknown = set(item) - {"text", "text_pair"}
+                if unknown or "text" not in item:
+                    raise LmforgeError(f"input {i}: expected keys text (and text_pair), got {sorted(item)}")
+                text, pair = _check_text(item["text"]), item.get("text_pair")
+            else:
+                text, pair = _check_text(item), None
+            if self.task.pair and pair is None:
+                raise LmforgeError(f"input {i}: this model classifies sentence pairs; pass {{'text', 'text_pair'}}")
+            examples.append(ClassificationExample(text, pair, None, i + 1))
+        results = [{k: v for k, v in p.items() if k != "probabilities"} for p in self._predict(examples)]
+        return results[0] if single else results
+
+
+def word_spans(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    """Character spans of the words the tokenizer splits ``text`` into (whitespace and punctuation)."""
+    _, offsets, words = tokenizer.encode_text(text)
+    spans: dict[int, list[int]] = {}
+    for (start, end), w in zip(offsets, words, strict=True):
+        span = spans.setdefault(w, [start, end])
+        span[0], span[1] = min(span[0], start), max(span[1], end)
+    return [(s, e) for _, (s, e) in sorted(spans.items())]
+
+
+class TokenClassificationPipeline(_TaskPipeline):
+    """Entities of raw text: the text is split into words, tagged, and tags are grouped into entities."""
+
+    expected = ("token", "span")
+
+    def __call__(self, inputs: str | list[str]) -> Any:
+        from lmforge.data.readers import SpanExample, TaggedSentence
+        from lmforge.data.schemes import tags_to_spans
+
+        items, single = _as_list(inputs)
+        texts = [_check_text(t) for t in items]
+        spans = [word_spans(self.tokenizer, t) for t in texts]
+        words = [[t[s:e] for s, e in sp] for t, sp in zip(texts, spans, strict=True)]
+        results: list[list[dict[str, Any]]] = []
+        if self.task.config.task == "token":
+            preds = self._predict([TaggedSentence(w, None, i + 1) for i, w in enumerate(words)])
+            for text, sp, pred in zip(texts, spans, preds, strict=True):
+                entities = []
+                for s, e, label in tags_to_spans(pred["tags"], self.task.scheme):
+                    score = sum(pred["scores"][s:e]) / (e - s)
+                    entities.append(self._entity(text, sp, s, e, label, score))
+                results.append(entities)
+        else:
+            preds = self._predict([SpanExample(w, None, i + 1) for i, w in enumerate(words)])
+            for text, sp, pred in zip(texts, spans, preds, strict=True):
+                results.append([self._entity(text, sp, s, e, label, None) for s, e, label in pred])
+        return results[0] if single else results
+
+    @staticmethod
+    def _entity(text: str, spans: list[tuple[int, int]], s: int, e: int, label: str,
+                score: float | None) -> dict[str, Any]:
+        start, end = spans[s][0], spans[e - 1][1]
+        return {"entity_group": label, "start": start, "end": end, "word": text[start:end], "score": score}
+
+
+class QuestionAnsweringPipeline(_TaskPipeline):
+    expected = ("qa",)
+
+    def __call__(self, inputs: dict | list[dict]) -> Any:
+        from lmforge.data.readers import QAExample
+
+        items, single = _as_list(inputs)
+        examples = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or set(item) != {"question", "context"}:
+                raise LmforgeError(f"input {i}: expected a dict with exactly the keys question and context")
+            examples.append(QAExample(str(i), "", _check_text(item["question"], "question"),
+                                      _check_text(item["context"], "context"), [], False))
+        results = [{"answer": p["text"], "start": p["start"], "end": p["end"], "score": p.get("score")}
+                   for p in self._predict(examples)]
+        return results[0] if single else results
+
+
+class FillMaskPipeline:
+    """Top-k fillers of each ``[MASK]`` from the masked-LM head of a pretrained encoder."""
+
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, top_k: int = 5) -> None:
+        from lmforge.models.pretrained import load_pretrained
+
+        loaded = load_pretrained(model)
+        if not loaded.head or loaded.head.get("type") not in ("pretraining", "mlm", "span"):
+            raise LmforgeError(f"{model}: the model has no masked-LM head (fill-mask needs one saved by `lmforge "
+                               "pretrain` with an MLM objective, or a Hugging Face BertForPreTraining/MaskedLM "
+                               "folder)")
+        if loaded.tokenizer is None:
+            raise LmforgeError(f"{model}: the model folder has no tokenizer (vocab.txt)")
+        if top_k < 1:
+            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
+        self.model, self.tokenizer, self.top_k, self.batch_size = loaded.model.to(device).eval(), \
+            loaded.tokenizer, top_k, batch_size
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(self, inputs: str | list[str]) -> Any:
+        items, single = _as_list(inputs)
+        texts = [_check_text(t) for t in items]
+        tok, results = self.tokenizer, []
+        limit = self.model.backbone.config.max_seq_len
+        for start in range(0, len(texts), self.batch_size):
+            chunk = texts[start:start + self.batch_size]
+            batch = tok(chunk, padding=True, truncation=True, max_length=limit, return_tensors="pt")
+            ids = batch["input_ids"]
+            masked = ids == tok.mask_id
+            for i, row in enumerate(masked):
+                if not row.any():
+                    raise LmforgeError(f"input {start + i} has no {tok.mask_token} token to fill: {chunk[i][:80]!r}")
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            out = self.model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                             masked_positions=masked.to(self.device))
+            probs = out.mlm_logits.float().softmax(-1).cpu()  # (N, V), masks in row-major order
+            top = probs.topk(self.top_k, dim=-1)
+            n = 0
+            for i in range(len(chunk)):
+                per_mask = []
+                for _ in range(int(masked[i].sum())):
+                    per_mask.append([{"token": tok.convert_ids_to_tokens([int(t)])[0], "token_id": int(t),
+                                      "score": float(s)} for s, t in zip(top.values[n], top.indices[n], strict=True)])
+                    n += 1
+                if len(per_mask) == 1:  # one mask: the filled sentence too
+                    for cand in per_mask[0]:
+                        cand["sequence"] = chunk[i].replace(tok.mask_token, cand["token"], 1)
+                results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
+        return results[0] if single else results
+
+
+class FeatureExtractionPipeline:
+    """Contextual embeddings of texts (``lmforge.embeddings.contextual.embed_texts``)."""
+
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, layers: Any = (-1,),
+                 combine: str = "mean", pooling: str = "mean") -> None:
+        from lmforge.embeddings.contextual import parse_layers
+        from lmforge.models.pretrained import load_backbone
+
+        loaded = load_backbone(model)
+        if loaded.tokenizer is None:
+            raise LmforgeError(f"{model}: the model folder has no tokenizer (vocab.txt)")
+        self.model, self.tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
+        self.layers, self.combine, self.pooling = parse_layers(layers), combine, pooling
+        self.batch_size = batch_size
+
+    def __call__(self, inputs: str | list[str]) -> Any:
+        from lmforge.embeddings.contextual import embed_texts
+
+        items, single = _as_list(inputs)
+        vectors = embed_texts(self.model, self.tokenizer, [_check_text(t) for t in items], layers=self.layers,
+                              combine=self.combine, pooling=self.pooling, batch_size=self.batch_size)
+        return vectors[0] if single else vectors
