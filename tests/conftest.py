@@ -32,3 +32,39 @@ def bbc_texts(bbc_dir: Path) -> list[str]:
     from lmforge.data.text import collect_text_files, read_texts
 
     return [text for _, text in read_texts(collect_text_files([bbc_dir]))]
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+    """A randomly initialised tiny encoder folder with its tokenizer (see tests/toy_tasks.py)."""
+    from tests.toy_tasks import make_encoder_dir
+
+    return make_encoder_dir(tmp_path_factory.mktemp("tiny-encoder"))
+
+
+FINETUNE_EPOCHS = {"sequence": 12, "pair": 6, "token": 12, "span": 40, "qa": 6}
+FINETUNE_ARGS = {"sequence": [], "pair": [], "token": ["--crf"], "span": ["--task.max_span_width=3"],
+                 "qa": ["--max-length", "24", "--task.doc_stride=6", "--task.max_query_length=8"]}
+
+
+@pytest.fixture(scope="session")
+def finetuned(tiny_encoder_dir, tmp_path_factory):
+    """``finetuned(task)`` -> (run folder, train file, dev file): the toy task fine-tuned once per session."""
+    from lmforge.cli import main
+    from tests.toy_tasks import write_task_data
+
+    cache: dict[str, tuple[Path, Path, Path]] = {}
+
+    def get(task: str) -> tuple[Path, Path, Path]:
+        if task not in cache:
+            folder = tmp_path_factory.mktemp(f"finetune-{task}")
+            train, dev = write_task_data(folder, task)
+            out = folder / "run"
+            code = main(["-q", "finetune", "--task", task, "--model", str(tiny_encoder_dir), "--train", str(train),
+                         "--dev", str(dev), "--out", str(out), "--epochs", str(FINETUNE_EPOCHS[task]), "--batch-size", "8", "--lr", "3e-3",
+                         "--max-length", "32", "--seed", "0", "--train.log_every=5", *FINETUNE_ARGS[task]])
+            assert code == 0
+            cache[task] = (out, train, dev)
+        return cache[task]
+
+    return get

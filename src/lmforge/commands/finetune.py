@@ -165,6 +165,8 @@ def _featurize(task, examples, tokenizer, path: str, *, training: bool):
 def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite: bool = False,
                            progress: bool = True):
     """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task)."""
+    import torch
+
     from lmforge.heads import TaskModel, build_head
     from lmforge.tasks import make_task
     from lmforge.tasks.base import FeatureData, TaskObjective
@@ -204,6 +206,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     if changes:
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
     head_spec = task.head_spec()
+    torch.manual_seed(run.train.seed)  # the head's initialisation is part of the run's seed
     model = TaskModel(backbone, build_head(head_spec, config, backbone))
     frozen = freeze(model, run.task.freeze)
     if frozen:

@@ -90,6 +90,7 @@ log = logging.getLogger("lmforge")
 RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "keep_last",
                      "tensorboard", "device")
 PERPLEXITY_TERMS = ("lm", "clm", "mlm")
+PLOT_INTERVAL_S = 30.0
 
 
 class Objective(Protocol):
@@ -221,6 +222,7 @@ class Trainer:
         self._window = _new_window()
         self._batches: Iterator[dict[str, Tensor]] | None = None
         self._checked_first_step = False
+        self._last_plot = -math.inf
         self._t0 = self._t_window = time.perf_counter()
         self._tokens_window, self._elapsed_before = 0, 0.0
         if config.tensorboard and self.dist.is_main:
@@ -567,7 +569,7 @@ class Trainer:
             self._write_run_config()
             if results:
                 atomic_write_text(self.out_dir / "eval_results.json", json.dumps(results, indent=2) + "\n")
-            self._plot()
+            self._plot(force=True)
             log.info("saved the final model in %s", self.out_dir)
         dist.barrier(self.dist)
 
@@ -576,7 +578,12 @@ class Trainer:
             "train": to_dict(self.config), "model": to_dict(self.model_config) if self.model_config else None}
         atomic_write_text(self.out_dir / "run_config.json", json.dumps(payload, indent=2, default=str) + "\n")
 
-    def _plot(self) -> None:
+    def _plot(self, force: bool = False) -> None:
+        # drawing takes about 0.3 s: during the run, redraw at most every PLOT_INTERVAL_S seconds
+        now = time.perf_counter()
+        if not force and now - self._last_plot < PLOT_INTERVAL_S:
+            return
+        self._last_plot = now
         with contextlib.suppress(ImportError):
             plot_loss_curve(read_metrics(self.out_dir / METRICS_NAME), self.out_dir / CURVE_NAME)
 
