@@ -61,8 +61,9 @@ def finetuned(tiny_encoder_dir, tmp_path_factory):
             train, dev = write_task_data(folder, task)
             out = folder / "run"
             code = main(["-q", "finetune", "--task", task, "--model", str(tiny_encoder_dir), "--train", str(train),
-                         "--dev", str(dev), "--out", str(out), "--epochs", str(FINETUNE_EPOCHS[task]), "--batch-size", "8", "--lr", "3e-3",
-                         "--max-length", "32", "--seed", "0", "--train.log_every=5", *FINETUNE_ARGS[task]])
+                         "--dev", str(dev), "--out", str(out), "--epochs", str(FINETUNE_EPOCHS[task]),
+                         "--batch-size", "8", "--lr", "3e-3", "--max-length", "32", "--seed", "0",
+                         "--train.log_every=5", *FINETUNE_ARGS[task]])
             assert code == 0
             cache[task] = (out, train, dev)
         return cache[task]
