@@ -24,7 +24,8 @@ from torch import nn
 from lmforge.errors import LmforgeError
 
 _LAYER = re.compile(r"^(?:backbone\.)?layers\.(\d+)\.")
-_EMBEDDING = re.compile(r"^(?:backbone\.)?(?:embeddings|tokens|positions|segments|embed_norm)\b")
+_EMBEDDING = re.compile(
+    r"^(?:backbone\.)?(?:embeddings|tokens|positions|segments|embed_norm|token_embedding|position_embedding)\b")
 
 
 def _n_layers(model: nn.Module) -> int:
