@@ -221,3 +221,36 @@ def test_interrupted_finetune_resumes_to_the_same_model(tiny_encoder_dir, tmp_pa
         return [r for r in records if "loss" in r and r["step"] == 9][0]["loss"]
 
     assert last_loss(tmp_path / "cut") == pytest.approx(last_loss(tmp_path / "whole"), rel=1e-6)
+
+
+def test_two_gloo_processes_finetune_like_one(tiny_encoder_dir, tmp_path):
+    """``torchrun --nproc-per-node 2 -m lmforge finetune``: same global batches, so the same model."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    train, dev = write_task_data(tmp_path, "sequence", 24, 8)
+    common = ["finetune", "--task", "sequence", "--model", str(tiny_encoder_dir), "--train", str(train), "--dev",
+              str(dev), "--epochs", "2", "--batch-size", "8", "--max-length", "32", "--lr", "3e-3", "--seed", "1"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "lmforge", "-q", *common, "--out", str(tmp_path / "ddp")],
+                                      cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    assert _run(*common, "--out", str(tmp_path / "single")) == 0
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+    ddp = load_pretrained(tmp_path / "ddp").model.state_dict()
+    single = load_pretrained(tmp_path / "single").model.state_dict()
+    for name, tensor in single.items():
+        torch.testing.assert_close(ddp[name], tensor, rtol=0, atol=1e-5, msg=name)
+    a = json.loads((tmp_path / "ddp" / "eval_results.json").read_text())
+    b = json.loads((tmp_path / "single" / "eval_results.json").read_text())
+    assert a == b
