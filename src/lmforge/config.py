@@ -21,7 +21,9 @@ from lmforge.errors import InputFileError, LmforgeError
 
 T = TypeVar("T")
 
-ARCHITECTURES = ("encoder", "decoder", "seq2seq")
+ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq")
+RNN_CELLS = ("gru", "lstm")
+RNN_SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
 KERNELS = ("math", "sdpa")
@@ -56,6 +58,13 @@ class ModelConfig:
     kernel: str = "sdpa"
     pad_token_id: int = 0
     init_std: float = 0.02
+    # RNN models (arch "rnn": a classifier backbone with attention pooling; "rnn_seq2seq": an attentional
+    # encoder-decoder). d_model is the embedding and state width; n_layers counts stacked RNN layers.
+    rnn_cell: str = "gru"
+    bidirectional: bool = True
+    attention: str = "general"
+    attention_window: int | None = None
+    input_feeding: bool = True
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -72,7 +81,8 @@ class ModelConfig:
         """Raise ``LmforgeError`` naming every offending value."""
         problems = []
         for name, choices in (("arch", ARCHITECTURES), ("positional", POSITIONALS),
-                              ("activation", ACTIVATIONS), ("kernel", KERNELS)):
+                              ("activation", ACTIVATIONS), ("kernel", KERNELS), ("rnn_cell", RNN_CELLS),
+                              ("attention", RNN_SCORES)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -89,6 +99,11 @@ class ModelConfig:
             problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
         if self.arch == "encoder" and self.type_vocab_size < 1:
             problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")
+        if self.attention_window is not None and self.attention_window < 0:
+            problems.append(f"attention_window={self.attention_window} must be >= 0 (None = global attention)")
+        if self.arch in ("rnn", "rnn_seq2seq") and self.bidirectional and self.d_model % 2:
+            problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
+                            "even d_model")
         if not 0 <= self.pad_token_id < max(self.vocab_size, 1):
             problems.append(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         if problems:
@@ -119,6 +134,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer-big": dict(arch="seq2seq", n_layers=6, n_decoder_layers=6, d_model=1024, n_heads=16,
                             d_ff=4096, dropout=0.3, positional="sinusoidal", activation="relu",
                             layer_norm_eps=1e-6, scale_embeddings=True, type_vocab_size=0, max_seq_len=1024),
+    # the lectures' RNN models: a BiGRU classifier with attention pooling, and Luong et al.'s (2015) attentional
+    # encoder-decoder (bidirectional GRU encoder, "general" score, input feeding)
+    "rnn-attn": dict(arch="rnn", n_layers=1, d_model=256, n_heads=1, dropout=0.1, type_vocab_size=0),
+    "rnn-seq2seq": dict(arch="rnn_seq2seq", n_layers=1, d_model=256, n_heads=1, dropout=0.1, type_vocab_size=0,
+                        attention="general", input_feeding=True),
 }
 
 

@@ -144,8 +144,9 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0):
         backbone = build_backbone(config)
     else:
         raise LmforgeError(f"--model {source}: not a folder and not a preset name (presets: {', '.join(PRESETS)})")
-    if config.arch != "encoder":
-        raise LmforgeError(f"--model {source} is a {config.arch}; fine-tuning heads need an encoder (BERT-style)")
+    if config.arch not in ("encoder", "rnn"):
+        raise LmforgeError(f"--model {source} is a {config.arch}; fine-tuning heads need an encoder (BERT-style, "
+                           "or the rnn-attn preset for sequence tasks)")
     if tokenizer.vocab_size > config.vocab_size:
         raise LmforgeError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
                            f"{config.vocab_size}; pass the model's own tokenizer")

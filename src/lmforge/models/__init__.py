@@ -1,4 +1,5 @@
-"""One readable file per model family: ``Encoder`` (BERT), ``Decoder`` (GPT), ``EncoderDecoder`` (Transformer).
+"""One readable file per model family: ``Encoder`` (BERT), ``Decoder`` (GPT), ``EncoderDecoder`` (Transformer),
+``RNNEncoder`` (BiRNN + attention pooling) and ``RNNSeq2Seq`` (attentional RNN encoder-decoder).
 
 Imports are lazy so that importing one family never imports the others.
 """
@@ -14,13 +15,16 @@ _WHERE = {
     "Decoder": "lmforge.models.decoder",
     "DecoderOutput": "lmforge.models.decoder",
     "EncoderDecoder": "lmforge.models.seq2seq",
+    "RNNEncoder": "lmforge.models.rnn_encoder",
+    "RNNSeq2Seq": "lmforge.models.rnn_seq2seq",
     "save_pretrained": "lmforge.models.pretrained",
     "load_pretrained": "lmforge.models.pretrained",
     "load_backbone": "lmforge.models.pretrained",
 }
 
 # config.arch -> class name
-_ARCH_CLASSES = {"encoder": "Encoder", "decoder": "Decoder", "seq2seq": "EncoderDecoder"}
+_ARCH_CLASSES = {"encoder": "Encoder", "decoder": "Decoder", "seq2seq": "EncoderDecoder", "rnn": "RNNEncoder",
+                 "rnn_seq2seq": "RNNSeq2Seq"}
 
 
 class _Architectures:
