@@ -18,6 +18,7 @@ from lmforge.metrics.classification import (
     spearman,
 )
 from lmforge.metrics.entities import entity_scores, span_scores
+from lmforge.metrics.rouge import rouge_scores
 from lmforge.metrics.squad import exact_match, normalize_answer, squad_scores
 from lmforge.metrics.squad import f1 as squad_f1
 
@@ -32,6 +33,7 @@ __all__ = [
     "normalize_answer",
     "pearson",
     "regression_metrics",
+    "rouge_scores",
     "spearman",
     "span_scores",
     "squad_f1",

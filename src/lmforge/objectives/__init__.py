@@ -3,5 +3,6 @@
 from lmforge.objectives.base import ObjectiveOutput
 from lmforge.objectives.causal_lm import CausalLMObjective
 from lmforge.objectives.masked_lm import MaskedLMObjective, mlm_objective_for
+from lmforge.objectives.seq2seq import Seq2SeqObjective
 
-__all__ = ["CausalLMObjective", "MaskedLMObjective", "ObjectiveOutput", "mlm_objective_for"]
+__all__ = ["CausalLMObjective", "MaskedLMObjective", "ObjectiveOutput", "Seq2SeqObjective", "mlm_objective_for"]
