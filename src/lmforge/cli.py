@@ -12,6 +12,7 @@ from lmforge.commands import data as data_cmd
 from lmforge.commands import finetune as finetune_cmd
 from lmforge.commands import models as model_cmd
 from lmforge.commands import pretrain as pretrain_cmd
+from lmforge.commands import seq2seq as seq2seq_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.errors import LmforgeError
 
@@ -35,6 +36,8 @@ COMMANDS: dict[str, Command] = {
                  finetune_cmd.add_evaluate_arguments, finetune_cmd.run_evaluate),
     "predict": ("predictions of a fine-tuned model for a file of inputs (JSONL)", finetune_cmd.add_predict_arguments,
                 finetune_cmd.run_predict),
+    "train-seq2seq": ("train a Transformer or attentional-RNN encoder-decoder on text pairs (BBC headlines built in)",
+                      seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }

@@ -1,0 +1,293 @@
+"""``lmforge train-seq2seq``: train a Transformer encoder-decoder or an attentional RNN on (source, target) pairs.
+
+Vaswani et al. (2017) as the defaults: teacher forcing, label smoothing 0.1, the inverse-square-root schedule with
+warm-up, one vocabulary shared by source and target. The dev set is decoded (greedy by default) every epoch and
+scored with ROUGE; the best model by ``select`` (ROUGE-L) is kept; at the end the test set, when there is one, is
+decoded with ``[decode]`` (e.g. beam 4 with the GNMT length penalty) into ``test_results.json`` and
+``test_predictions.jsonl``.
+
+``data.train = "bbc-headlines"`` uses the embedded BBC News corpus: write each article's title from its body,
+on a fixed per-topic split (``lmforge.data.seq2seq``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.config import TrainConfig, apply_overrides, from_dict, load_toml, to_dict, toml_literal
+from lmforge.errors import LmforgeError
+
+log = logging.getLogger("lmforge")
+
+BBC_HEADLINES = "bbc-headlines"
+SEQ2SEQ_DEFAULTS: dict[str, Any] = {"train": {"schedule": "inverse_sqrt", "warmup_steps": 400, "lr": 1e-3,
+                                              "batch_size": 32, "beta2": 0.98, "eps": 1e-9, "weight_decay": 0.0,
+                                              "log_every": 10}}
+
+
+@dataclass
+class Seq2SeqDataConfig:
+    """Where the pairs come from and how long they may be (in word pieces)."""
+
+    train: str = ""
+    dev: str = ""
+    test: str = ""
+    source_column: str = "source"
+    target_column: str = "target"
+    max_source_len: int = 256
+    max_target_len: int = 32
+    dev_fraction: float = 0.05
+    test_fraction: float = 0.1
+    split_seed: int = 0
+    max_dev_examples: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_source_len < 1 or self.max_target_len < 3 or self.max_dev_examples < 1:
+            raise LmforgeError("invalid data config: max_source_len >= 1, max_target_len >= 3 and "
+                               "max_dev_examples >= 1 are required")
+
+
+@dataclass
+class DecodeConfig:
+    """How to decode at test time (dev evaluations during training are greedy)."""
+
+    strategy: str = "beam"
+    beams: int = 4
+    length_penalty: str = "gnmt:0.6"
+    max_new_tokens: int = 30
+    no_repeat_ngram: int = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("greedy", "beam"):
+            raise LmforgeError(f"decode.strategy={self.strategy!r} is not one of greedy, beam")
+
+
+@dataclass
+class Seq2SeqRun:
+    preset: str = "rnn-seq2seq"
+    model: dict[str, Any] = field(default_factory=dict)
+    tokenizer: str = ""
+    out: str = ""
+    epochs: float = 10.0
+    label_smoothing: float = 0.1
+    select: str = "rougeL"
+    data: Seq2SeqDataConfig = field(default_factory=Seq2SeqDataConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "out": "out", "epochs": "epochs",
+         "train_data": "data.train", "dev_data": "data.dev", "test_data": "data.test", "lr": "train.lr",
+         "batch_size": "train.batch_size", "seed": "train.seed", "max_steps": "train.max_steps"}
+
+
+def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("Any setting can also be given as --section.key=value, e.g. --model.attention=additive "
+                "--model.attention_window=3 --decode.beams=8 --train.warmup_steps=1000.")
+    p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/headlines-*.toml)")
+    p.add_argument("--preset", help="rnn-seq2seq, transformer-base, ... (model sizes: --model.d_model=...)")
+    p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer")
+    p.add_argument("--train-data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
+    p.add_argument("--dev-data", metavar="FILE")
+    p.add_argument("--test-data", metavar="FILE")
+    p.add_argument("--out", metavar="DIR")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--resume", default="never", metavar="auto|never|PATH")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(overrides=[])
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in top.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def resolve_run(args: argparse.Namespace) -> tuple[Seq2SeqRun, set[str]]:
+    """The run, and the TrainConfig keys the user set (so epochs-derived defaults do not override them)."""
+    values = _merge(SEQ2SEQ_DEFAULTS, load_toml(args.config) if args.config else {})
+    flags = [f"{key}={toml_literal(getattr(args, name))}" for name, key in FLAGS.items()
+             if getattr(args, name, None) is not None]
+    user = apply_overrides(load_toml(args.config) if args.config else {}, flags + list(args.overrides))
+    values = apply_overrides(values, flags + list(args.overrides))
+    run = from_dict(Seq2SeqRun, values, where=args.config or "train-seq2seq")
+    for name, flag in (("tokenizer", "--tokenizer"), ("out", "--out")):
+        if not getattr(run, name):
+            raise LmforgeError(f"no {name}: pass {flag}")
+    if not run.data.train:
+        raise LmforgeError(f"no training data: pass --train-data FILE (or {BBC_HEADLINES})")
+    return run, set(user.get("train", {}))
+
+
+def load_data(run: Seq2SeqRun):
+    """(train, dev, test) example lists."""
+    from lmforge.data.seq2seq import bbc_headlines, headline_split, read_pairs
+
+    d = run.data
+    if d.train == BBC_HEADLINES:
+        from lmforge.data.corpora import bbc_news_dir
+
+        examples = bbc_headlines(bbc_news_dir())
+        train, dev, test = headline_split(examples, dev_fraction=d.dev_fraction, test_fraction=d.test_fraction,
+                                          seed=d.split_seed)
+        return [examples[i] for i in train], [examples[i] for i in dev], [examples[i] for i in test]
+
+    def read(path: str):
+        return read_pairs(path, source_column=d.source_column, target_column=d.target_column) if path else []
+
+    return read(d.train), read(d.dev), read(d.test)
+
+
+def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
+    import torch
+
+    from lmforge.config import model_config_from_preset
+    from lmforge.models import ARCHITECTURES
+
+    config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size, "pad_token_id": pad_id})
+    if config.arch not in ("seq2seq", "rnn_seq2seq"):
+        raise LmforgeError(f"preset {run.preset!r} is a {config.arch}; train-seq2seq needs an encoder-decoder "
+                           "(transformer-base, transformer-big, rnn-seq2seq)")
+    if config.arch == "seq2seq" and run.data.max_source_len > config.max_seq_len:
+        raise LmforgeError(f"data.max_source_len={run.data.max_source_len} exceeds the model's max_seq_len="
+                           f"{config.max_seq_len}")
+    torch.manual_seed(run.train.seed)
+    return ARCHITECTURES[config.arch](config), config
+
+
+def decode_texts(model, tokenizer, features: list[dict[str, Any]], decode: DecodeConfig, *, batch_size: int = 32,
+                 greedy: bool = False) -> list[str]:
+    """Generate a target text for each source feature (``src_ids``)."""
+    import torch
+
+    from lmforge.generation import generate
+
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["src_ids"]))
+    texts: list[str] = [""] * len(features)
+    device = next(model.parameters()).device
+    options: dict[str, Any] = {"max_new_tokens": decode.max_new_tokens, "bos_id": tokenizer.cls_id,
+                               "eos_id": tokenizer.sep_id, "pad_id": tokenizer.pad_id}
+    if greedy or decode.strategy == "greedy":
+        options["strategy"] = "greedy"
+    else:
+        options.update(strategy="beam", num_beams=decode.beams, length_penalty=decode.length_penalty)
+    if decode.no_repeat_ngram:
+        options["no_repeat_ngram_size"] = decode.no_repeat_ngram
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(features[i]["src_ids"]) for i in chunk)
+        ids = torch.full((len(chunk), width), tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src = features[i]["src_ids"]
+            ids[row, :len(src)] = torch.tensor(src)
+            mask[row, :len(src)] = 1
+        out = generate(model, ids.to(device), mask.to(device), **options)
+        for row, i in enumerate(chunk):
+            texts[i] = tokenizer.decode(out.sequences[row][0], skip_special_tokens=True)
+    return texts
+
+
+def build_seq2seq_trainer(run: Seq2SeqRun, user_train_keys: set[str], *, resume: str = "never",
+                          overwrite: bool = False, progress: bool = True):
+    from lmforge.data.seq2seq import collate_pairs, featurize_pairs
+    from lmforge.metrics import rouge_scores
+    from lmforge.objectives import Seq2SeqObjective
+    from lmforge.tasks.base import FeatureData
+    from lmforge.tokenizers import WordPieceTokenizer
+    from lmforge.training.distributed import init_distributed
+    from lmforge.training.trainer import Trainer
+
+    tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer)
+    train, dev, test = load_data(run)
+    d = run.data
+
+    def featurize(examples, what: str):
+        features, cut_src, cut_tgt = featurize_pairs(examples, tokenizer, max_source_len=d.max_source_len,
+                                                     max_target_len=d.max_target_len)
+        if cut_src or cut_tgt:
+            log.info("%s: %d of %d sources cut to %d pieces, %d targets to %d", what, cut_src, len(examples),
+                     d.max_source_len, cut_tgt, d.max_target_len - 2)
+        return features
+
+    train_features = featurize(train, "train")
+    dev = dev[:d.max_dev_examples]
+    dev_features = featurize(dev, "dev") if dev else []
+    model, config = build_model(run, tokenizer.vocab_size, tokenizer.pad_id)
+    info = init_distributed()
+    data = FeatureData(train_features, lambda fs: collate_pairs(fs, tokenizer.pad_id), seed=run.train.seed,
+                       rank=info.rank, world_size=info.world_size)
+    per_epoch = data.steps_per_epoch(run.train.batch_size)
+    changes: dict[str, Any] = {}
+    if "max_steps" not in user_train_keys:
+        changes["max_steps"] = max(1, math.ceil(run.epochs * per_epoch))
+    if "eval_every" not in user_train_keys and dev:
+        changes["eval_every"] = per_epoch
+    if "save_every" not in user_train_keys:
+        changes["save_every"] = per_epoch
+    if changes:
+        run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
+    evaluator = None
+    if dev:
+        references = [e.target for e in dev]
+
+        def evaluator(m):
+            return rouge_scores(decode_texts(m, tokenizer, dev_features, run.decode, greedy=True), references)
+
+    log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)", run.preset,
+             len(train), len(dev), len(test), run.train.max_steps, per_epoch)
+    trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, run.out, model_config=config,
+                      tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
+                      progress=progress, evaluator=evaluator, select=run.select if evaluator else None)
+    return trainer, tokenizer, test
+
+
+def evaluate_test(run: Seq2SeqRun, trainer, tokenizer, test) -> dict[str, float] | None:
+    """Decode the test set with the final (best) model; write test_results.json and test_predictions.jsonl."""
+    from lmforge.data.seq2seq import featurize_pairs
+    from lmforge.metrics import rouge_scores
+    from lmforge.utils.io import atomic_open, atomic_write_text
+
+    if not test:
+        return None
+    features, _, _ = featurize_pairs(test, tokenizer, max_source_len=run.data.max_source_len,
+                                     max_target_len=run.data.max_target_len)
+    predictions = decode_texts(trainer.model.eval(), tokenizer, features, run.decode)
+    scores = rouge_scores(predictions, [e.target for e in test])
+    out = Path(run.out)
+    atomic_write_text(out / "test_results.json", json.dumps({**scores, "decode": to_dict(run.decode),
+                                                             "examples": len(test)}, indent=2) + "\n")
+    with atomic_open(out / "test_predictions.jsonl", "w") as f:
+        for e, p in zip(test, predictions, strict=True):
+            f.write(json.dumps({"prediction": p, "reference": e.target}, ensure_ascii=False) + "\n")
+    return scores
+
+
+def run_train_seq2seq(args: argparse.Namespace) -> int:
+    from lmforge.models.pretrained import load_pretrained
+
+    run, user_keys = resolve_run(args)
+    trainer, tokenizer, test = build_seq2seq_trainer(run, user_keys, resume=args.resume, overwrite=args.overwrite)
+    trainer.fit()
+    if not trainer.dist.is_main:
+        return 0
+    print(f"trained {run.preset} for {run.train.max_steps} steps -> {run.out}")
+    if trainer.best is not None:
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in trainer.best["record"].items() if k.startswith("rouge"))
+        print(f"best dev at step {trainer.best['step']} (greedy): {shown}")
+    if test:
+        trainer.model = load_pretrained(run.out).model  # the best model, as saved
+        scores = evaluate_test(run, trainer, tokenizer, test)
+        print(f"test ({run.decode.strategy}): " + ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
+    return 0
