@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from lmforge import __version__
+from lmforge.commands import compare as compare_cmd
 from lmforge.commands import data as data_cmd
 from lmforge.commands import finetune as finetune_cmd
 from lmforge.commands import models as model_cmd
@@ -38,6 +39,8 @@ COMMANDS: dict[str, Command] = {
                 finetune_cmd.run_predict),
     "train-seq2seq": ("train a Transformer or attentional-RNN encoder-decoder on text pairs (BBC headlines built in)",
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
+    "compare": ("compare from-scratch, static-embedding and pretrained classifiers on one split (table + plot)",
+                compare_cmd.add_compare_arguments, compare_cmd.run_compare_command),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }

@@ -394,7 +394,9 @@ class TaskConfig:
     ``freeze``: ``none``, ``all`` (the whole backbone: feature extraction), ``embeddings``, or
     ``all-but-last:K`` (only the last K layers, the final norm and the pooler train). ``head_lr`` gives the head
     its own peak learning rate (default: the run's lr); ``layer_decay`` < 1 scales layer l of L by
-    ``layer_decay ** (L + 1 - l)`` (embeddings l = 0; the head and pooler keep 1).
+    ``layer_decay ** (L + 1 - l)`` (embeddings l = 0; the head and pooler keep 1). ``init_embeddings``: a
+    word2vec-format vectors file whose rows replace the token embeddings of the tokens they name (static
+    embeddings as the initialisation of a model trained from scratch; ``freeze = "embeddings"`` keeps them).
     """
 
     task: str = "sequence"
@@ -423,6 +425,7 @@ class TaskConfig:
     epochs: float = 3.0
     dropout: float | None = None
     metric: str | None = None
+    init_embeddings: str = ""
 
     def __post_init__(self) -> None:
         problems = []

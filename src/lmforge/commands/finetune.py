@@ -45,6 +45,7 @@ class FinetuneRun:
 
     model: str = ""
     tokenizer: str = ""
+    preset_options: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides for a preset --model
     train_file: str = ""
     dev_file: str = ""
     out: str = ""
@@ -118,7 +119,7 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the model
-def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0):
+def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_options: dict[str, Any] | None = None):
     """(backbone, ModelConfig, tokenizer) from a model folder or a preset name (see the module docstring)."""
     import torch
 
@@ -128,6 +129,9 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0):
 
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
     path = Path(source)
+    if path.is_dir() and preset_options:
+        raise LmforgeError(f"preset_options ({', '.join(preset_options)}) only apply when --model is a preset name, "
+                           f"not a folder ({source})")
     if path.is_dir():
         loaded = load_backbone(path)
         backbone, config = loaded.model, loaded.config
@@ -139,7 +143,8 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0):
         if tokenizer is None:
             raise LmforgeError(f"--model {source} builds a new, untrained encoder: pass --tokenizer DIR (e.g. one made "
                                "by `lmforge tokenizer train`)")
-        config = model_config_from_preset(source, vocab_size=tokenizer.vocab_size)
+        config = model_config_from_preset(source, **{**(preset_options or {}), "vocab_size": tokenizer.vocab_size,
+                                                     "pad_token_id": tokenizer.pad_id})
         torch.manual_seed(seed)
         backbone = build_backbone(config)
     else:
@@ -152,6 +157,35 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0):
                            f"{config.vocab_size}; pass the model's own tokenizer")
     backbone.train()
     return backbone, config, tokenizer
+
+
+def init_embeddings(backbone, tokenizer, path: str) -> float:
+    """Copy the vectors of ``path`` (word2vec text or binary format) into the token embedding rows of the tokens
+    they name; returns the fraction of the vocabulary covered (logged)."""
+    import torch
+
+    from lmforge.embeddings.io import read_vectors
+
+    vectors = read_vectors(path)
+    table = backbone.get_input_embeddings().weight
+    if vectors.vectors.shape[1] != table.shape[1]:
+        raise LmforgeError(f"{path}: vectors of dimension {vectors.vectors.shape[1]} cannot initialise embeddings "
+                           f"of width {table.shape[1]}; train vectors with --dim {table.shape[1]}")
+    rows, found = [], []
+    for token, row in tokenizer.vocab.items():
+        i = vectors.index.get(token)
+        if i is not None:
+            rows.append(row)
+            found.append(i)
+    if not rows:
+        raise LmforgeError(f"{path}: none of its words is a token of the tokenizer; train the vectors on text "
+                           "split by the same tokenizer")
+    with torch.no_grad():
+        table[torch.tensor(rows)] = torch.as_tensor(vectors.vectors[found], dtype=table.dtype)
+    coverage = len(rows) / tokenizer.vocab_size
+    log.info("init_embeddings: %d of %d tokens (%.1f%%) start from %s", len(rows), tokenizer.vocab_size,
+             100 * coverage, path)
+    return coverage
 
 
 def _featurize(task, examples, tokenizer, path: str, *, training: bool):
@@ -176,7 +210,9 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     from lmforge.training.trainer import Trainer
 
     task = make_task(run.task)
-    backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed)
+    backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
+    if run.task.init_embeddings:
+        init_embeddings(backbone, tokenizer, run.task.init_embeddings)
     if run.task.max_length > config.max_seq_len:
         raise LmforgeError(f"--max-length {run.task.max_length} exceeds the model's limit of {config.max_seq_len} "
                            "positions; lower it (long texts: --long-text head-tail|chunks, or QA windows)")

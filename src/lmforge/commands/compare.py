@@ -1,0 +1,44 @@
+"""``lmforge compare --config FILE``: from scratch vs static vectors vs pretrain + fine-tune (lmforge.compare)."""
+
+from __future__ import annotations
+
+import argparse
+
+from lmforge.config import from_dict, load_toml
+from lmforge.errors import LmforgeError
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, metavar="FILE", help="a TOML file (configs/compare-bbc.toml)")
+    p.add_argument("--out", metavar="DIR", help="default: the config's out")
+    p.add_argument("--sizes", type=_ints, metavar="N,N,...", help="examples per class (0 = all)")
+    p.add_argument("--seeds", type=_ints, metavar="S,S,...")
+    p.add_argument("--only", metavar="NAME[,NAME]", help="run only these approaches (by name)")
+
+
+def run_compare_command(args: argparse.Namespace) -> int:
+    from lmforge.compare import CompareConfig, run_compare
+
+    values = load_toml(args.config)
+    for key in ("out", "sizes", "seeds"):
+        if getattr(args, key) is not None:
+            values[key] = getattr(args, key)
+    if args.only:
+        wanted = {n.strip() for n in args.only.split(",")}
+        known = {a.get("name") for a in values.get("approach", [])}
+        if wanted - known:
+            raise LmforgeError(f"--only: unknown approach(es) {', '.join(sorted(wanted - known))}; the config has "
+                               f"{', '.join(sorted(map(str, known)))}")
+        values["approach"] = [a for a in values.get("approach", []) if a.get("name") in wanted]
+    config = from_dict(CompareConfig, values, where=args.config)
+    paths = run_compare(config)
+    print(paths["md"].read_text(encoding="utf-8"))
+    print(f"table: {paths['md']}  csv: {paths['csv']}  learning curve: {paths['png']}")
+    return 0

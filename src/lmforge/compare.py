@@ -1,0 +1,315 @@
+"""``lmforge compare``: the lectures' comparison of three ways to build a text classifier, on one fixed split.
+
+(a) train from scratch (a small Transformer encoder, the RNN with attention pooling; random embeddings);
+(b) the same RNN with embeddings initialised from Word2Vec or GloVe trained on the unlabelled training texts,
+    frozen or fine-tuned;
+(c) a frozen pretrained encoder with a linear head (feature extraction);
+(d) pretrain + fine-tune (our own pretrained encoder, a public checkpoint).
+
+Every approach is trained on class-balanced subsets of the training split (``sizes`` examples per class, 0 = all)
+with several ``seeds`` (the seed draws the subset and initialises the model) and scored on the whole test split.
+The results are ``compare.csv`` (one row per run), ``compare.md`` (mean and standard deviation of accuracy and
+macro-F1 per approach and size, and the wall time of each approach) and ``learning_curve.png``.
+
+An approach is a table in the config (``[[approach]]``); ``model`` is a preset name, a model folder, or one of
+``@minilm`` (the embedded MiniLM checkpoint) and ``@pretrained`` (the config's ``pretrained`` folder);
+``vectors = "word2vec" | "glove"`` initialises the token embeddings from static vectors trained here on the
+training texts split into the tokenizer's word pieces (so every token has a vector).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+log = logging.getLogger("lmforge")
+
+FAMILIES = {"scratch": "(a) from scratch", "static": "(b) static embeddings", "frozen": "(c) frozen encoder",
+            "finetune": "(d) pretrain + fine-tune"}
+
+
+@dataclass
+class Approach:
+    name: str = ""
+    family: str = "scratch"
+    model: str = ""
+    preset_options: dict[str, Any] = field(default_factory=dict)
+    vectors: str = ""
+    freeze: str = "none"
+    lr: float = 5e-5
+    head_lr: float | None = None
+    epochs: float = 3.0
+    min_steps: int = 40
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.model:
+            raise LmforgeError("every [[approach]] needs a name and a model")
+        if self.family not in FAMILIES:
+            raise LmforgeError(f"approach {self.name!r}: family={self.family!r} is not one of {', '.join(FAMILIES)}")
+        if self.vectors not in ("", "word2vec", "glove"):
+            raise LmforgeError(f"approach {self.name!r}: vectors={self.vectors!r} is not word2vec or glove")
+
+
+@dataclass
+class CompareConfig:
+    out: str = "runs/compare"
+    data: str = "bbc"
+    text_column: str = "text"
+    label_column: str = "label"
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    sizes: list[int] = field(default_factory=lambda: [10, 50, 200, 0])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    tokenizer: str = ""
+    vocab_size: int = 8000
+    pretrained: str = ""
+    max_length: int = 128
+    vectors_dim: int = 128
+    vectors_epochs: int = 5
+    vectors_window: int = 5
+    keep_models: bool = False
+    approach: list[Approach] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.approach:
+            raise LmforgeError("the config lists no [[approach]]")
+        if any(s < 0 for s in self.sizes) or not self.sizes or not self.seeds:
+            raise LmforgeError("sizes must be >= 0 (0 = all) and sizes and seeds non-empty")
+        names = [a.name for a in self.approach]
+        if len(set(names)) != len(names):
+            raise LmforgeError(f"approach names repeat: {names}")
+
+
+# ---------------------------------------------------------------------------------------------- data
+def load_labelled(config: CompareConfig) -> list[tuple[str, str]]:
+    """(text, label) pairs: the BBC topics, or a CSV/TSV/JSONL file."""
+    if config.data == "bbc":
+        from lmforge.data.corpora import bbc_news_dir
+        from lmforge.data.text import decode_utf8
+
+        root = bbc_news_dir()
+        return [(decode_utf8(f.read_bytes())[0].strip(), topic.name)
+                for topic in sorted(p for p in root.iterdir() if p.is_dir()) for f in sorted(topic.glob("*.txt"))]
+    from lmforge.data.readers import read_classification
+
+    data = read_classification(config.data, text_column=config.text_column, label_column=config.label_column,
+                               pair=False)
+    if data.kind != "classification":
+        raise LmforgeError(f"{config.data}: compare needs class labels, not numbers")
+    return [(e.text, str(e.label)) for e in data.examples]
+
+
+def subset(train: list[int], labels: list[str], per_class: int, seed: int) -> list[int]:
+    """``per_class`` random training examples of every class (all of them for 0 or when a class has fewer)."""
+    if per_class == 0:
+        return list(train)
+    rng = random.Random(seed)
+    chosen = []
+    for label in sorted(set(labels[i] for i in train)):
+        members = [i for i in train if labels[i] == label]
+        chosen += rng.sample(members, min(per_class, len(members)))
+    return sorted(chosen)
+
+
+def _write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+
+
+# ---------------------------------------------------------------------------------------------- static vectors
+def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, dim: int, epochs: int, window: int,
+                         seed: int) -> Path:
+    """Word2Vec (skip-gram) or GloVe vectors of the word pieces in ``sentences``, saved in word2vec text format."""
+    from lmforge.embeddings.vectors_api import train_vectors_for_compare
+
+    return train_vectors_for_compare(kind, sentences, out, dim=dim, epochs=epochs, window=window, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def _model_source(approach: Approach, config: CompareConfig) -> str:
+    if approach.model == "@minilm":
+        from lmforge.data.corpora import minilm_dir
+
+        return str(minilm_dir())
+    if approach.model == "@pretrained":
+        if not config.pretrained:
+            raise LmforgeError(f"approach {approach.name!r} uses @pretrained but the config sets no pretrained folder")
+        return config.pretrained
+    return approach.model
+
+
+def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_file: Path, n_train: int, seed: int,
+            tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """Fine-tune one approach on one subset; returns the test metrics and the wall time."""
+    from lmforge.commands.finetune import FinetuneRun, build_finetune_trainer
+    from lmforge.config import TaskConfig, TrainConfig
+
+    source = _model_source(approach, config)
+    per_epoch = max(1, math.ceil(n_train / approach.batch_size))
+    epochs = max(approach.epochs, approach.min_steps / per_epoch)
+    task = TaskConfig(task="sequence", max_length=config.max_length, freeze=approach.freeze, head_lr=approach.head_lr,
+                      epochs=epochs, init_embeddings=str(vectors[approach.vectors]) if approach.vectors else "")
+    train = TrainConfig(lr=approach.lr, batch_size=approach.batch_size, warmup_ratio=0.1, seed=seed, eps=1e-8,
+                        log_every=10, eval_every=10**9, save_every=10**9, keep_last=1)
+    run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
+                      preset_options=dict(approach.preset_options), train_file=str(train_file), dev_file=str(test_file),
+                      out=str(run_dir), task=task, train=train)
+    run._max_steps_given = False  # type: ignore[attr-defined]
+    run._eval_every_given = True  # type: ignore[attr-defined]  evaluate once, at the end
+    run._save_every_given = True  # type: ignore[attr-defined]
+    start = time.perf_counter()
+    trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
+    trainer.fit()
+    seconds = time.perf_counter() - start
+    record = trainer.last_eval
+    return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,
+            "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": trainer.step}
+
+
+def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Path]:
+    """Run every approach x size x seed; write the CSV, the Markdown table and the learning curve."""
+    from tqdm.auto import tqdm
+
+    from lmforge.data.readers import stratified_split
+    from lmforge.tokenizers import WordPieceTokenizer, WordPieceTrainer
+    from lmforge.utils.io import atomic_write_text
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = load_labelled(config)
+    labels = [label for _, label in pairs]
+    train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
+    data_dir = out / "data"
+    data_dir.mkdir(exist_ok=True)
+    test_file = data_dir / "test.csv"
+    _write_csv(test_file, [pairs[i] for i in test_idx])
+    train_texts = [pairs[i][0] for i in train_idx]
+
+    tokenizer_dir = config.tokenizer
+    if not tokenizer_dir:
+        start = time.perf_counter()
+        tokenizer = WordPieceTrainer(config.vocab_size, algorithm="bpe-count").train(train_texts)
+        tokenizer_dir = str(out / "tokenizer")
+        tokenizer.save_pretrained(tokenizer_dir, overwrite=True)
+        log.info("compare: trained a %d-token WordPiece vocabulary on the training texts in %.1f s",
+                 tokenizer.vocab_size, time.perf_counter() - start)
+    vectors: dict[str, Path] = {}
+    kinds = sorted({a.vectors for a in config.approach if a.vectors})
+    vector_seconds: dict[str, float] = {}
+    if kinds:
+        tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
+        sentences = [tokenizer.tokenize(t) for t in train_texts]
+        for kind in kinds:
+            start = time.perf_counter()
+            vectors[kind] = train_static_vectors(kind, sentences, out / f"{kind}.txt", dim=config.vectors_dim,
+                                                 epochs=config.vectors_epochs, window=config.vectors_window,
+                                                 seed=config.split_seed)
+            vector_seconds[kind] = time.perf_counter() - start
+
+    runs = [(a, size, seed) for a in config.approach for size in config.sizes for seed in config.seeds]
+    results: list[dict[str, Any]] = []
+    for approach, size, seed in tqdm(runs, desc="compare", disable=not progress):
+        chosen = subset(train_idx, labels, size, seed)
+        train_file = data_dir / f"train-{size}-{seed}.csv"
+        if not train_file.exists():
+            _write_csv(train_file, [pairs[i] for i in chosen])
+        run_dir = out / "runs" / f"{approach.name.replace(' ', '_').replace('/', '-')}-{size}-{seed}"
+        result = run_one(approach, config, train_file, test_file, len(chosen), seed, tokenizer_dir, vectors, run_dir)
+        result["per_class"] = size
+        results.append(result)
+        if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
+            import shutil
+
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            for name in ("model.safetensors", "vocab.txt"):
+                (run_dir / name).unlink(missing_ok=True)
+        log.info("compare: %s, %s per class, seed %d: accuracy %.3f, macro-F1 %.3f (%.0f s)", approach.name,
+                 size or "all", seed, result["accuracy"], result["f1"], result["seconds"])
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, ["approach", "family", "per_class", "size", "seed", "accuracy", "f1", "seconds",
+                                     "steps"])
+    writer.writeheader()
+    writer.writerows(results)
+    atomic_write_text(out / "compare.csv", buffer.getvalue())
+    atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, len(test_idx)))
+    plot_learning_curve(config, results, out / "learning_curve.png")
+    atomic_write_text(out / "compare.json", json.dumps({"results": results, "vector_seconds": vector_seconds},
+                                                       indent=2) + "\n")
+    return {"csv": out / "compare.csv", "md": out / "compare.md", "png": out / "learning_curve.png"}
+
+
+def _summary(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_seconds: dict[str, float],
+                   n_test: int) -> str:
+    sizes = config.sizes
+    head = [f"{s or 'all'}/class" for s in sizes]
+    lines = [f"Test accuracy and macro-F1 on {n_test} held-out examples (mean ± standard deviation over seeds "
+             f"{', '.join(map(str, config.seeds))}).", "",
+             "| approach | family | " + " | ".join(f"acc {h}" for h in head) + " | "
+             + " | ".join(f"F1 {h}" for h in head) + " | seconds per run |",
+             "|---|---|" + "---:|" * (2 * len(sizes) + 1)]
+    for approach in config.approach:
+        mine = [r for r in results if r["approach"] == approach.name]
+        cells = []
+        for metric in ("accuracy", "f1"):
+            for size in sizes:
+                values = [r[metric] for r in mine if r["per_class"] == size]
+                cells.append(_summary(values) if values else "")
+        seconds = statistics.mean(r["seconds"] for r in mine) if mine else 0.0
+        lines.append(f"| {approach.name} | {FAMILIES[approach.family]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    if vector_seconds:
+        lines += ["", "Static vectors trained once on the training texts: "
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in vector_seconds.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_learning_curve(config: CompareConfig, results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lmforge.utils.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for approach in config.approach:
+        xs, means, errs = [], [], []
+        for size in config.sizes:
+            runs = [r for r in results if r["approach"] == approach.name and r["per_class"] == size]
+            if not runs:
+                continue
+            xs.append(statistics.mean(r["size"] for r in runs))
+            values = [r["accuracy"] for r in runs]
+            means.append(statistics.mean(values))
+            errs.append(statistics.stdev(values) if len(values) > 1 else 0.0)
+        ax.errorbar(xs, means, yerr=errs, marker="o", capsize=3, label=approach.name)
+    ax.set_xscale("log")
+    ax.set_xlabel("training examples (log scale)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Learning curves: from scratch, static embeddings, frozen encoder, pretrain + fine-tune")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

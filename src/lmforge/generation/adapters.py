@@ -1,0 +1,324 @@
+"""How each model family starts and steps during generation: one small protocol, one adapter per family.
+
+Shape legend: B rows (inputs, or inputs x beams after a reorder), W prompt / source width, V vocab, D model dim.
+
+The protocol (``GenerationAdapter``), used by every search in ``lmforge.generation.search``:
+    prepare(input_ids, attention_mask, max_new_tokens) -> (input_ids, attention_mask, max_new_tokens)
+        validate the prompts (errors a user can cause), normalise the padding, cap max_new_tokens to the context
+    context(input_ids, attention_mask) -> (tokens (B, L), mask (B, L))
+        what the logits processors count as already seen (the prompt of a decoder-only model; nothing for
+        encoder-decoders, whose source is another text)
+    start(input_ids, attention_mask, max_new_tokens) -> (logits (B, V) of the first new token, state)
+    step(state, next_ids (B,)) -> (logits (B, V) of the following token, state)
+    reorder(state, index (B',)) -> state
+        keep rows ``index`` in that order (repeats allowed): beam selection, expanding inputs into beams or
+        samples, dropping finished rows
+
+Any object with ``start``, ``step`` and ``reorder`` is used as an adapter directly (subclass ``ModelAdapter`` for
+the defaults of ``prepare`` and ``context``). ``adapter_for`` picks one for a model:
+    Decoder         the prompt is ``input_ids`` (any padding layout; re-packed to left padding). With the cache: one
+                    forward pass over the prompt, then one token per step, the attention mask growing by a 1 per
+                    step. Without: the whole sequence again at every step.
+    EncoderDecoder  ``input_ids`` is the source, encoded once; the decoder starts from ``bos_id``. With the cache:
+                    self-attention keys/values grow by one step, cross-attention keys/values are projected once.
+                    Without: the whole target prefix is decoded again at every step.
+    RNNSeq2Seq, or any model with ``encode(src_ids, src_mask) -> state``, ``decode_step(prev_ids, state) ->
+                    (logits, state)`` and ``reorder_state(state, index) -> state``: the recurrent state is the
+                    cache, so ``use_cache`` changes nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.errors import LmforgeError
+
+__all__ = ["DecoderAdapter", "EncoderDecoderAdapter", "GenerationAdapter", "ModelAdapter", "RecurrentAdapter",
+           "adapter_for"]
+
+
+@runtime_checkable
+class GenerationAdapter(Protocol):
+    """See the module docstring."""
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
+        ...
+
+    def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        ...
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Any]:
+        ...
+
+    def step(self, state: Any, next_ids: Tensor) -> tuple[Tensor, Any]:
+        ...
+
+    def reorder(self, state: Any, index: Tensor) -> Any:
+        ...
+
+
+class ModelAdapter:
+    """Defaults of the protocol: prompts are checked for shape and emptiness, nothing limits their length, and
+    the processors see no context. Subclasses implement ``start``, ``step`` and ``reorder``."""
+
+    #: the longest input / context the model accepts (None = unlimited).
+    max_length: int | None = None
+    #: what the input is called in error messages.
+    input_name: str = "prompt"
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
+        check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
+        return input_ids, attention_mask, max_new_tokens
+
+    def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        empty = input_ids.new_zeros((input_ids.shape[0], 0))
+        return empty, empty
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    def step(self, state: Any, next_ids: Tensor) -> tuple[Tensor, Any]:
+        raise NotImplementedError
+
+    def reorder(self, state: Any, index: Tensor) -> Any:
+        raise NotImplementedError
+
+
+def check_prompts(input_ids: Tensor, attention_mask: Tensor, name: str, max_length: int | None) -> None:
+    """Errors a user can cause: a wrong shape, an empty prompt, a prompt longer than the model's context."""
+    if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise LmforgeError(f"input_ids must be a (batch, length) tensor of token ids; got {shape}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise LmforgeError(f"input_ids must hold integer token ids; got dtype {input_ids.dtype}")
+    if input_ids.shape[0] == 0:
+        raise LmforgeError("input_ids has no rows; pass at least one prompt")
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise LmforgeError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)} (1 = real "
+                           f"token, 0 = padding); got {tuple(attention_mask.shape)}")
+    lengths = (attention_mask != 0).sum(-1)  # (B,)
+    empty = (lengths == 0).nonzero().flatten().tolist()
+    if empty:
+        raise LmforgeError(f"{name} {', '.join(map(str, empty))} of the batch {'is' if len(empty) == 1 else 'are'} "
+                           f"empty (no real token); give every {name} at least one token")
+    longest = int(lengths.max())
+    if max_length is not None and longest > max_length:
+        row = int(lengths.argmax())
+        raise LmforgeError(f"{name} {row} of the batch has {longest} tokens, longer than the model's context "
+                           f"(max_seq_len={max_length}); shorten it")
+
+
+def cap_new_tokens(max_new_tokens: int, limit: int, why: str) -> int:
+    """``max_new_tokens`` capped at ``limit`` with a warning that says why."""
+    if max_new_tokens <= limit:
+        return max_new_tokens
+    warnings.warn(f"max_new_tokens={max_new_tokens} reduced to {limit}: {why}", stacklevel=4)
+    return limit
+
+
+# -------------------------------------------------------------------------------------------------- decoder only
+@dataclass
+class _DecoderState:
+    cache: Any  # DecoderCache, or None without the cache
+    ids: Tensor | None  # (B, S) the whole sequence so far, without the cache
+    mask: Tensor | None  # cached: (B, W + max_new_tokens) preallocated (None = no padding); else (B, S)
+    length: int  # S, positions so far (padding included)
+
+
+class DecoderAdapter(ModelAdapter):
+    """A decoder-only ``Decoder`` (GPT): the prompt is continued (see the module docstring).
+
+    Any padding layout is accepted and re-packed to left padding (the real tokens of a row moved to its end, in
+    order): the incremental decoder appends every new token at the same column for all rows, so that is the
+    layout it needs. Position ids skip the padding, so a padded row generates what it would alone.
+    """
+
+    input_name = "prompt"
+
+    def __init__(self, model: nn.Module, use_cache: bool = True) -> None:
+        self.model = model
+        self.use_cache = use_cache
+        self.max_length = model.config.max_seq_len
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
+        check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
+        input_ids, attention_mask = left_pad(input_ids, attention_mask)
+        W = input_ids.shape[1]
+        # The last new token is never fed back, so W + max_new_tokens - 1 positions must fit.
+        limit = self.max_length - W + 1
+        max_new_tokens = cap_new_tokens(max_new_tokens, limit, f"the longest prompt has {W} tokens and the model "
+                                        f"reads at most max_seq_len={self.max_length} positions")
+        return input_ids, attention_mask, max_new_tokens
+
+    def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return input_ids, attention_mask
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, _DecoderState]:
+        B, W = input_ids.shape
+        padded = not bool(attention_mask.all())
+        if not self.use_cache:
+            state = _DecoderState(None, input_ids, attention_mask, W)
+            return self._last_logits(input_ids, attention_mask if padded else None, None), state
+        cache = self.model.new_cache()
+        mask = None
+        if padded:  # preallocated: every step only widens the view, no concatenation
+            mask = attention_mask.new_ones((B, W + max_new_tokens))
+            mask[:, :W] = attention_mask
+        logits = self._last_logits(input_ids, None if mask is None else mask[:, :W], cache)
+        return logits, _DecoderState(cache, None, mask, W)
+
+    def step(self, state: _DecoderState, next_ids: Tensor) -> tuple[Tensor, _DecoderState]:
+        state.length += 1
+        if state.cache is None:
+            assert state.ids is not None and state.mask is not None
+            state.ids = torch.cat((state.ids, next_ids[:, None]), dim=1)  # (B, S)
+            state.mask = torch.cat((state.mask, state.mask.new_ones((state.mask.shape[0], 1))), dim=1)
+            mask = state.mask if not bool(state.mask.all()) else None
+            return self._last_logits(state.ids, mask, None), state
+        mask = None if state.mask is None else state.mask[:, :state.length]
+        return self._last_logits(next_ids[:, None], mask, state.cache), state
+
+    def reorder(self, state: _DecoderState, index: Tensor) -> _DecoderState:
+        if state.cache is not None:
+            state.cache.reorder(index)
+        if state.ids is not None:
+            state.ids = state.ids.index_select(0, index)
+        if state.mask is not None:
+            state.mask = state.mask.index_select(0, index)
+        return state
+
+    def _last_logits(self, ids: Tensor, mask: Tensor | None, cache: Any) -> Tensor:
+        # Only the last position's scores are needed: skip the (B, T, V) projection of the others.
+        out = self.model(ids, attention_mask=mask, cache=cache, return_logits=False)
+        return self.model.lm_logits(out.last_hidden_state[:, -1])  # (B, V)
+
+
+def left_pad(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Move every row's real tokens (mask 1) to its end, keeping their order, and drop all-padding columns.
+
+    Returns:
+        (input_ids, attention_mask), (B, W') with W' the longest row.
+    """
+    real = (attention_mask != 0).long()
+    order = torch.argsort(real, dim=1, stable=True)  # padding first, then the real tokens in their order
+    ids, real = input_ids.gather(1, order), real.gather(1, order)
+    width = int(real.sum(-1).max())
+    return ids[:, ids.shape[1] - width:], real[:, real.shape[1] - width:]
+
+
+# ------------------------------------------------------------------------------------------- encoder-decoder
+@dataclass
+class _Seq2SeqState:
+    memory: Tensor  # (B, S, D)
+    src_mask: Tensor | None  # (B, S), None = no padding
+    cache: Any  # Seq2SeqCache, or None without the cache
+    tgt: Tensor | None  # (B, T) the whole target so far, without the cache
+
+
+class EncoderDecoderAdapter(ModelAdapter):
+    """A Transformer ``EncoderDecoder``: ``input_ids`` is the source (any padding); the target starts from
+    ``bos_id`` (see the module docstring)."""
+
+    input_name = "source"
+
+    def __init__(self, model: nn.Module, bos_id: int, use_cache: bool = True) -> None:
+        self.model = model
+        self.bos_id = bos_id
+        self.use_cache = use_cache
+        self.max_length = model.config.max_seq_len
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
+        check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
+        # The decoder reads the start token and all new tokens but the last: max_new_tokens positions.
+        max_new_tokens = cap_new_tokens(max_new_tokens, self.max_length,
+                                        f"the decoder reads at most max_seq_len={self.max_length} positions")
+        return input_ids, attention_mask, max_new_tokens
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, _Seq2SeqState]:
+        src_mask = None if bool(attention_mask.all()) else attention_mask
+        memory = self.model.encode(input_ids, src_mask)  # (B, S, D)
+        tgt = input_ids.new_full((input_ids.shape[0], 1), self.bos_id)  # (B, 1)
+        cache = self.model.new_cache() if self.use_cache else None
+        state = _Seq2SeqState(memory, src_mask, cache, None if cache is not None else tgt)
+        return self._last_logits(tgt, state), state
+
+    def step(self, state: _Seq2SeqState, next_ids: Tensor) -> tuple[Tensor, _Seq2SeqState]:
+        if state.cache is not None:
+            return self._last_logits(next_ids[:, None], state), state
+        assert state.tgt is not None
+        state.tgt = torch.cat((state.tgt, next_ids[:, None]), dim=1)  # (B, T)
+        return self._last_logits(state.tgt, state), state
+
+    def reorder(self, state: _Seq2SeqState, index: Tensor) -> _Seq2SeqState:
+        state.memory = state.memory.index_select(0, index)
+        if state.src_mask is not None:
+            state.src_mask = state.src_mask.index_select(0, index)
+        if state.cache is not None:
+            state.cache.reorder(index)
+        if state.tgt is not None:
+            state.tgt = state.tgt.index_select(0, index)
+        return state
+
+    def _last_logits(self, tgt: Tensor, state: _Seq2SeqState) -> Tensor:
+        out = self.model.decode(tgt, state.memory, state.src_mask, cache=state.cache, return_logits=False)
+        return self.model.lm_logits(out.last_hidden_state[:, -1])  # (B, V)
+
+
+# ------------------------------------------------------------------------------------------------ recurrent
+class RecurrentAdapter(ModelAdapter):
+    """An RNN encoder-decoder (``RNNSeq2Seq``) or any model with ``encode(src_ids, src_mask) -> state``,
+    ``decode_step(prev_ids (B,), state) -> (logits (B, V), state)`` and ``reorder_state(state, index) -> state``.
+
+    The source is encoded once; the decoder starts from ``bos_id`` and carries its state (hidden/cell, the
+    input-feeding vector, memory and mask, whatever the model keeps) from step to step. That state is the whole
+    history, so there is no uncached path: ``use_cache`` has no effect. No length limit is imposed.
+    """
+
+    input_name = "source"
+
+    def __init__(self, model: Any, bos_id: int) -> None:
+        self.model = model
+        self.bos_id = bos_id
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Any]:
+        state = self.model.encode(input_ids, None if bool(attention_mask.all()) else attention_mask)
+        start_ids = input_ids.new_full((input_ids.shape[0],), self.bos_id)  # (B,)
+        return self.model.decode_step(start_ids, state)
+
+    def step(self, state: Any, next_ids: Tensor) -> tuple[Tensor, Any]:
+        return self.model.decode_step(next_ids, state)
+
+    def reorder(self, state: Any, index: Tensor) -> Any:
+        return self.model.reorder_state(state, index)
+
+
+# --------------------------------------------------------------------------------------------------- choice
+def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None) -> GenerationAdapter:
+    """The adapter for ``model`` (see the module docstring); an object that is already an adapter is returned.
+
+    Raises:
+        LmforgeError: an encoder-decoder without ``bos_id``, or a model no adapter knows.
+    """
+    if all(callable(getattr(model, name, None)) for name in ("start", "step", "reorder")):
+        return model
+    from lmforge.models.decoder import Decoder
+    from lmforge.models.seq2seq import EncoderDecoder
+
+    if isinstance(model, Decoder):
+        return DecoderAdapter(model, use_cache)
+    encoder_decoder = isinstance(model, EncoderDecoder)
+    recurrent = all(callable(getattr(model, name, None)) for name in ("encode", "decode_step", "reorder_state"))
+    if encoder_decoder or recurrent:
+        if bos_id is None:
+            raise LmforgeError(f"{type(model).__name__} is an encoder-decoder: its decoder needs a start token; "
+                               "pass bos_id (the id its training targets start with, e.g. the tokenizer's "
+                               "cls_id)")
+        return EncoderDecoderAdapter(model, bos_id, use_cache) if encoder_decoder else RecurrentAdapter(model, bos_id)
+    raise LmforgeError(f"cannot generate with a {type(model).__name__}: generation needs a Decoder (GPT), an "
+                       "EncoderDecoder, an RNNSeq2Seq (encode/decode_step/reorder_state), or an adapter with "
+                       "start/step/reorder")
