@@ -7,7 +7,8 @@
 (d) pretrain + fine-tune (our own pretrained encoder, a public checkpoint).
 
 Every approach is trained on class-balanced subsets of the training split (``sizes`` examples per class, 0 = all)
-with several ``seeds`` (the seed draws the subset and initialises the model) and scored on the whole test split.
+with several ``seeds`` (the seed draws the subset and initialises the model) and scored on the whole test split
+(or a class-balanced ``max_test`` of it).
 The results are ``compare.csv`` (one row per run), ``compare.md`` (mean and standard deviation of accuracy and
 macro-F1 per approach and size, and the wall time of each approach) and ``learning_curve.png``.
 
@@ -70,6 +71,7 @@ class CompareConfig:
     label_column: str = "label"
     test_fraction: float = 0.2
     split_seed: int = 0
+    max_test: int = 0
     sizes: list[int] = field(default_factory=lambda: [10, 50, 200, 0])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     tokenizer: str = ""
@@ -193,6 +195,9 @@ def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Pa
     pairs = load_labelled(config)
     labels = [label for _, label in pairs]
     train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
+    if config.max_test and len(test_idx) > config.max_test:  # a smaller, still class-balanced test set (the demo)
+        per_class = max(1, config.max_test // len(set(labels)))
+        test_idx = subset(test_idx, labels, per_class, config.split_seed)
     data_dir = out / "data"
     data_dir.mkdir(exist_ok=True)
     test_file = data_dir / "test.csv"
