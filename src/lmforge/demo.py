@@ -1,10 +1,16 @@
-"""``make demo``: the most complete pipeline lmforge has, on the embedded BBC News corpus.
+"""``make demo``: the whole story on the embedded BBC News corpus, from a tokenizer to transfer learning.
 
-1. Train WordPiece tokenizers on BBC News with the likelihood score and by pair count; show encoded examples,
-   vocabulary sizes and pieces per word.
-2. Tokenize the corpus into shards (``lmforge data prepare``).
-3. Pretrain a bert-mini with BERT's recipe (MLM + NSP) for a few minutes and report MLM accuracy and
-   perplexity on held-out documents before and after, with the loss curve saved as a PNG.
+The BBC articles are split once (stratified 80/20 by topic, seed 0); only the training articles are used for
+the tokenizer, pretraining and the static vectors, so the test articles stay unseen.
+
+1. Train WordPiece tokenizers with the likelihood score and by pair count; show encoded examples, vocabulary
+   sizes and pieces per word.
+2. Tokenize the training articles into shards (``lmforge data prepare``).
+3. Pretrain a bert-mini with BERT's recipe (MLM + NSP) for a few minutes; MLM accuracy, perplexity and NSP
+   accuracy on held-out documents before and after, with the loss curve saved as a PNG.
+4. The comparison (``lmforge compare``, configs/compare-demo.toml): classifiers trained from scratch, from
+   Word2Vec / GloVe vectors trained here, on a frozen MiniLM, and by fine-tuning our bert-mini and MiniLM, on
+   10 and 50 articles per class; ending with the table, the CSV and the learning curve.
 
 Everything lands under ``--out`` (default ``runs/demo``), which each demo run replaces.
 """
@@ -23,6 +29,7 @@ from lmforge.data.text import ReadStats, collect_text_files, read_texts
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers import WordPieceTokenizer, WordPieceTrainer
 
+DEFAULT_COMPARE = Path(__file__).resolve().parents[2] / "configs" / "compare-demo.toml"
 EXAMPLES = (
     "Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn.",
     "The Chancellor's pre-budget report promised unbelievably low inflation.",
@@ -54,14 +61,14 @@ def train_tokenizers(texts: list[str], out: Path, vocab_size: int) -> Path:
     return out / "tokenizer-bpe-count"
 
 
-def pretrain(tokenizer_dir: Path, out: Path, steps: int) -> None:
+def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int) -> Path:
     from lmforge.commands.pretrain import PretrainRun, build_trainer
     from lmforge.config import DataConfig, TrainConfig
     from lmforge.data.shards import prepare_corpus
 
     data_dir = out / "bbc-shards"
     start = time.perf_counter()
-    manifest = prepare_corpus(tokenizer_dir, [bbc_news_dir()], data_dir, overwrite=True, show_progress=False)
+    manifest = prepare_corpus(tokenizer_dir, files, data_dir, overwrite=True, show_progress=False)
     WordPieceTokenizer.from_pretrained(tokenizer_dir).save_pretrained(data_dir / "tokenizer", overwrite=True)
     counts = manifest["counts"]
     print(f"\n== shards: {counts['documents']:,} documents, {counts['sentences']:,} sentences, "
@@ -84,24 +91,57 @@ def pretrain(tokenizer_dir: Path, out: Path, steps: int) -> None:
             print(f"   {label:<22}{before[key]:>9.3f}{after[key]:>9.3f}")
     print(f"   loss curve: {Path(run.out) / 'loss_curve.png'}; metrics: {Path(run.out) / 'metrics.jsonl'}; "
           f"model: {run.out} (loads with lmforge.models.load_pretrained, `lmforge embed --model {run.out}`)")
+    return Path(run.out)
+
+
+def compare(config_path: Path, out: Path, tokenizer_dir: Path, pretrained: Path) -> None:
+    from lmforge.compare import CompareConfig, run_compare
+    from lmforge.config import from_dict, load_toml
+
+    values = load_toml(config_path)
+    values.update(out=str(out / "compare"), tokenizer=str(tokenizer_dir), pretrained=str(pretrained))
+    config = from_dict(CompareConfig, values, where=str(config_path))
+    print(f"\n== the comparison ({len(config.approach)} approaches x {len(config.sizes)} sizes x "
+          f"{len(config.seeds)} seeds) -> {config.out}")
+    start = time.perf_counter()
+    paths = run_compare(config)
+    print(f"\n{paths['md'].read_text(encoding='utf-8')}")
+    print(f"   {(time.perf_counter() - start) / 60:.1f} min; table: {paths['md']}; csv: {paths['csv']}; "
+          f"learning curve: {paths['png']}")
+
+
+def training_split() -> tuple[list[Path], list[Path]]:
+    """The BBC files of the comparison's training and test split (the same stratified split)."""
+    from lmforge.data.readers import stratified_split
+
+    files = collect_text_files([bbc_news_dir()])
+    labels = [f.parent.name for f in files]
+    train, test = stratified_split(labels, 0.2, 0)
+    return [files[i] for i in train], [files[i] for i in test]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output folder (replaced by each demo run)")
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--steps", type=int, default=150, help="pretraining steps (about 2 s each on 2 cores)")
+    parser.add_argument("--steps", type=int, default=120, help="pretraining steps (about 2 s each on 2 cores)")
+    parser.add_argument("--compare-config", default=str(DEFAULT_COMPARE), help="the comparison's TOML")
     args = parser.parse_args(argv)
     setup_logging()
     out = Path(args.out)
     try:
+        started = time.perf_counter()
+        train_files, test_files = training_split()
         stats = ReadStats()
-        texts = [t for _, t in read_texts(collect_text_files([bbc_news_dir()]), stats)]
-        print(f"BBC News: {stats.summary()}")
+        texts = [t for _, t in read_texts(train_files, stats)]
+        print(f"BBC News training split ({len(train_files)} articles; {len(test_files)} held out): "
+              f"{stats.summary()}")
         if out.exists():
             shutil.rmtree(out)  # the demo's own folder: each run starts clean
         tokenizer_dir = train_tokenizers(texts, out, args.vocab_size)
-        pretrain(tokenizer_dir, out, args.steps)
+        pretrained = pretrain(tokenizer_dir, train_files, out, args.steps)
+        compare(Path(args.compare_config), out, tokenizer_dir, pretrained)
+        print(f"\nthe demo took {(time.perf_counter() - started) / 60:.1f} min")
     except LmforgeError as err:
         print(f"lmforge demo: {err}", file=sys.stderr)
         return 2
