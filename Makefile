@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: demo test bench lint install install-dev clean
+.PHONY: demo test bench lint install install-dev clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,18 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 
-test: lint
+CHROMIUM_PKGS := chromium chromium-driver
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+
+# Headless Chromium for tests/viz/test_viewer_browser.py (skipped with a reason when it cannot be installed).
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		echo "installing $(CHROMIUM_PKGS) (Debian packages) for the HTML viewer tests"; \
+		($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $(CHROMIUM_PKGS)) >/dev/null 2>&1 || \
+		echo "could not install $(CHROMIUM_PKGS): the browser tests of the HTML viewer will be skipped"; \
+	fi
+
+test: lint browser
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-dev

@@ -60,3 +60,15 @@ def test_strict_loading_and_overrides(tmp_path):
     path.write_text("name = \n", encoding="utf-8")
     with pytest.raises(LmforgeError, match="run.toml: not valid TOML"):
         load_toml(path)
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path):
+    import os
+    import stat
+
+    from lmforge.utils.io import atomic_write_text
+
+    atomic_write_text(tmp_path / "out.txt", "x")
+    (tmp_path / "plain.txt").write_text("x")
+    mode = stat.S_IMODE(os.stat(tmp_path / "out.txt").st_mode)
+    assert mode == stat.S_IMODE(os.stat(tmp_path / "plain.txt").st_mode)

@@ -15,6 +15,7 @@ from lmforge.commands import models as model_cmd
 from lmforge.commands import pretrain as pretrain_cmd
 from lmforge.commands import seq2seq as seq2seq_cmd
 from lmforge.commands import tokenizer as tok_cmd
+from lmforge.commands import viz as viz_cmd
 from lmforge.errors import LmforgeError
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
@@ -41,11 +42,18 @@ COMMANDS: dict[str, Command] = {
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
     "compare": ("compare from-scratch, static-embedding and pretrained classifiers on one split (table + plot)",
                 compare_cmd.add_compare_arguments, compare_cmd.run_compare_command),
+    "viz attention": ("attention weights of a model for a text: PNG heat maps (layers x heads) or a self-contained "
+                      "HTML viewer", viz_cmd.add_attention_arguments, viz_cmd.run_attention),
+    "viz positions": ("picture of the sinusoidal positional encodings (PNG)", viz_cmd.add_positions_arguments,
+                      viz_cmd.run_positions),
+    "viz training": ("curves of a run's metrics.jsonl: loss, learning rate, eval metrics (PNG)",
+                     viz_cmd.add_training_arguments, viz_cmd.run_training),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }
 
-GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepare corpora for pretraining"}
+GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepare corpora for pretraining",
+              "viz": "look inside: attention weights, positional encodings, training curves"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +108,7 @@ def setup_logging(quiet: bool = False) -> None:
 
 
 # Options whose values may start with "-" (layer indices such as -4,-3,-2,-1), which argparse would take for flags.
-NEGATIVE_VALUE_OPTIONS = ("--layers",)
+NEGATIVE_VALUE_OPTIONS = ("--layers", "--heads")
 
 
 def _join_negative_values(argv: list[str]) -> list[str]:

@@ -37,6 +37,12 @@ def check_can_write(path: str | Path, overwrite: bool, what: str = "output") -> 
                        "(overwrite=True) to replace it")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` atomically, on
@@ -44,6 +50,7 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file owner-only; give it the mode open() would
     if "b" in mode:
         encoding = None
     try:
