@@ -30,7 +30,8 @@ call (its position is not checkpointed).
 iterator ends, ``batches`` is called again for the next epoch. ``state_dict()`` describes the position after the
 batches yielded so far and holds only tensors, numbers, strings, lists and dicts; after ``load_state_dict(state)``
 a new ``batches`` iterator continues from there. Tokens for ``tokens_per_s`` are ``attention_mask.sum()`` of each
-batch, or ``input_ids.numel()`` without a mask, summed over processes.
+batch (``src_mask.sum() + tgt_mask.sum()`` for seq2seq batches), or ``input_ids.numel()`` without a mask, summed
+over processes.
 
 **Randomness**: a fresh run seeds torch, numpy and ``random`` with ``config.seed + rank`` when ``fit`` starts (dropout
 differs between processes); seed before building the model for a reproducible initialisation. Data objects keep
@@ -134,9 +135,13 @@ def split_batch(config: TrainConfig, world_size: int) -> tuple[int, int]:
 
 
 def batch_tokens(batch: dict[str, Any]) -> int:
+    """Real tokens of a batch: ``attention_mask``, else source + target masks (seq2seq), else ``input_ids``."""
     mask = batch.get("attention_mask")
     if isinstance(mask, Tensor):
         return int(mask.sum())
+    pair = [batch.get(k) for k in ("src_mask", "tgt_mask")]
+    if any(isinstance(m, Tensor) for m in pair):
+        return sum(int(m.sum()) for m in pair if isinstance(m, Tensor))
     ids = batch.get("input_ids")
     return ids.numel() if isinstance(ids, Tensor) else 0
 
