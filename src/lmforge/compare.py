@@ -135,10 +135,28 @@ def _write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
 # ---------------------------------------------------------------------------------------------- static vectors
 def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, dim: int, epochs: int, window: int,
                          seed: int) -> Path:
-    """Word2Vec (skip-gram) or GloVe vectors of the word pieces in ``sentences``, saved in word2vec text format."""
-    from lmforge.embeddings.vectors_api import train_vectors_for_compare
+    """Word2Vec (skip-gram) or GloVe vectors of the word pieces in ``sentences``, saved in word2vec text format.
 
-    return train_vectors_for_compare(kind, sentences, out, dim=dim, epochs=epochs, window=window, seed=seed)
+    ``min_count`` is 1: every piece of the tokenizer's vocabulary that occurs gets a vector.
+    """
+    from lmforge.embeddings.glove import GloVeConfig, train_glove
+    from lmforge.embeddings.io import save_word2vec
+    from lmforge.embeddings.vocab import EncodedCorpus
+    from lmforge.embeddings.word2vec import Word2VecConfig, train_word2vec
+
+    corpus = EncodedCorpus.from_sentences(sentences)
+    vocab = corpus.build_vocabulary(1)
+    if kind == "word2vec":
+        result = train_word2vec(corpus, vocab, Word2VecConfig(dim=dim, window=window, epochs=epochs, min_count=1,
+                                                              seed=seed + 1))
+        log.info("compare: word2vec (skip-gram, %d dims) on the training texts: %.1f s, final loss %.3f", dim,
+                 result.seconds, result.epochs[-1].loss if result.epochs else float("nan"))
+    else:
+        result = train_glove(corpus, vocab, GloVeConfig(dim=dim, window=window, epochs=epochs, min_count=1,
+                                                        seed=seed + 1))
+        log.info("compare: GloVe (%d dims) on the training texts: %.1f s", dim, result.seconds)
+    save_word2vec(result.vectors, out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- runs
@@ -174,8 +192,13 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
     run._eval_every_given = True  # type: ignore[attr-defined]  evaluate once, at the end
     run._save_every_given = True  # type: ignore[attr-defined]
     start = time.perf_counter()
-    trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
-    trainer.fit()
+    level = log.level
+    log.setLevel(logging.WARNING)  # one summary line per run instead of every checkpoint and evaluation
+    try:
+        trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
+        trainer.fit()
+    finally:
+        log.setLevel(level)
     seconds = time.perf_counter() - start
     record = trainer.last_eval
     return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,

@@ -164,9 +164,9 @@ def init_embeddings(backbone, tokenizer, path: str) -> float:
     they name; returns the fraction of the vocabulary covered (logged)."""
     import torch
 
-    from lmforge.embeddings.io import read_vectors
+    from lmforge.embeddings.io import load_word2vec
 
-    vectors = read_vectors(path)
+    vectors = load_word2vec(path)
     table = backbone.get_input_embeddings().weight
     if vectors.vectors.shape[1] != table.shape[1]:
         raise LmforgeError(f"{path}: vectors of dimension {vectors.vectors.shape[1]} cannot initialise embeddings "
