@@ -104,8 +104,9 @@ def check_prompts(input_ids: Tensor, attention_mask: Tensor, name: str, max_leng
     lengths = (attention_mask != 0).sum(-1)  # (B,)
     empty = (lengths == 0).nonzero().flatten().tolist()
     if empty:
-        raise LmforgeError(f"{name} {', '.join(map(str, empty))} of the batch {'is' if len(empty) == 1 else 'are'} "
-                           f"empty (no real token); give every {name} at least one token")
+        which = f"{name} {empty[0]} of the batch is" if len(empty) == 1 else \
+            f"{name}s {', '.join(map(str, empty))} of the batch are"
+        raise LmforgeError(f"{which} empty (no real token); give every {name} at least one token")
     longest = int(lengths.max())
     if max_length is not None and longest > max_length:
         row = int(lengths.argmax())

@@ -204,8 +204,9 @@ class GenerationOutput:
         scores: the ranking score of each hypothesis: the length-normalised log-probability for beam search,
             ``log_probs`` for greedy and sampling.
         log_probs: the sum of the log-probabilities of the generated tokens, the stop token included, under the
-            distribution the search used (after repetition penalty / n-gram blocking, and for sampling after
-            temperature, top-k and top-p).
+            model's distribution after the scoring processors (repetition penalty, n-gram blocking; the plain
+            model when neither is on). Sampling's temperature, top-k and top-p decide what is drawn, not how it
+            is scored.
         stop_tokens: the id that ended each hypothesis, or None when it reached ``max_new_tokens``.
         pad_id: filler of ``padded``.
     """

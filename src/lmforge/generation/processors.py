@@ -7,14 +7,17 @@ where the context is what the row has seen so far: for a decoder-only model the 
 followed by the generated tokens; for an encoder-decoder only the generated target tokens (not the source, not the
 start token). Processors never modify their input in place.
 
-Order (``build_processors``), the same for every strategy, then sampling only:
+Order: the scoring processors (``build_processors``), for every strategy, then the sampling warpers
+(``build_warpers``), for strategy "sample" only:
     1. RepetitionPenalty   (repetition_penalty != 1)
     2. NoRepeatNGram       (no_repeat_ngram_size > 0)
-    3. Temperature         (sample only, temperature != 1)
-    4. TopK                (sample only, top_k > 0)
-    5. TopP                (sample only, top_p < 1)
+    3. Temperature         (temperature != 1)
+    4. TopK                (top_k > 0)
+    5. TopP                (top_p < 1)
 Penalties come first so that temperature rescales the penalised scores, and top-k before top-p as in most
-implementations (Hugging Face, fairseq): top-p then renormalises over the k survivors.
+implementations (Hugging Face, fairseq): top-p then renormalises over the k survivors. The scores and
+log-probabilities that ``generate`` reports are those after 1-2: the warpers choose how to sample, they do not
+change how a hypothesis is scored (so top-k = 1 sampling reports exactly what greedy search reports).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from torch import Tensor
 from lmforge.generation.config import GenerationConfig
 
 __all__ = ["LogitsProcessor", "NoRepeatNGram", "RepetitionPenalty", "Temperature", "TopK", "TopP",
-           "apply_processors", "build_processors"]
+           "apply_processors", "build_processors",
+           "build_warpers"]
 
 LogitsProcessor = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -140,12 +144,18 @@ def seen_tokens(vocab_size: int, context: Tensor, context_mask: Tensor) -> Tenso
 
 
 def build_processors(config: GenerationConfig) -> list[LogitsProcessor]:
-    """The processors ``config`` asks for, in the order of the module docstring (empty when none applies)."""
+    """The scoring processors ``config`` asks for (1-2 of the module docstring), for every strategy."""
     out: list[LogitsProcessor] = []
     if config.repetition_penalty != 1.0:
         out.append(RepetitionPenalty(config.repetition_penalty))
     if config.no_repeat_ngram_size > 0:
         out.append(NoRepeatNGram(config.no_repeat_ngram_size))
+    return out
+
+
+def build_warpers(config: GenerationConfig) -> list[LogitsProcessor]:
+    """The sampling warpers ``config`` asks for (3-5 of the module docstring; empty unless strategy "sample")."""
+    out: list[LogitsProcessor] = []
     if config.strategy == "sample":
         if config.temperature != 1.0:
             out.append(Temperature(config.temperature))
