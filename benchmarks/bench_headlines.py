@@ -1,0 +1,111 @@
+"""BBC headline generation: the Transformer encoder-decoder and the attentional RNN under each scoring function.
+
+Every model writes an article's title from its first ``--max-source-len`` word pieces, on the fixed split of
+``lmforge.data.seq2seq.headline_split`` (per topic: 85% train, 5% dev, 10% test). Same tokenizer (trained here on
+the training articles), epochs, batch, label smoothing 0.1 and decoding (beam 4, GNMT length penalty 0.6) for all;
+ROUGE-1/2/L F1 on the test articles with the rouge-score package, and the training time.
+
+    .venv/bin/python benchmarks/bench_headlines.py [--epochs 3] [--variants transformer,additive,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import machine_description, print_machine, reproduce_command  # noqa: E402
+
+SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=float, default=3)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--max-source-len", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--variants", default="transformer," + ",".join(SCORES) + ",general-local")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench-headlines"))
+    args = parser.parse_args()
+
+    import torch
+
+    from lmforge.cli import setup_logging
+    from lmforge.commands.seq2seq import (
+        DecodeConfig,
+        Seq2SeqDataConfig,
+        Seq2SeqRun,
+        build_seq2seq_trainer,
+        evaluate_test,
+    )
+    from lmforge.config import TrainConfig
+    from lmforge.data.corpora import bbc_news_dir
+    from lmforge.data.seq2seq import bbc_headlines, headline_split
+    from lmforge.models.pretrained import load_pretrained
+    from lmforge.tokenizers import WordPieceTrainer
+
+    setup_logging(quiet=True)
+    machine = machine_description()
+    print_machine(machine)
+    torch.set_num_threads(2)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    examples = bbc_headlines(bbc_news_dir())
+    train, _, _ = headline_split(examples)
+    tokenizer_dir = out / "tokenizer"
+    if not (tokenizer_dir / "vocab.txt").is_file():
+        texts = [examples[i].source + "\n" + examples[i].target for i in train]
+        WordPieceTrainer(8000, algorithm="bpe-count").train(texts).save_pretrained(tokenizer_dir, overwrite=True)
+    d = args.d_model
+    rows = []
+    for variant in args.variants.split(","):
+        if variant == "transformer":
+            preset, model = "transformer-base", {"d_model": d, "n_heads": 4, "n_layers": 2, "n_decoder_layers": 2,
+                                                 "d_ff": 4 * d, "max_seq_len": 128, "dropout": 0.1}
+            lr, schedule = 1e-3, {"schedule": "inverse_sqrt", "warmup_steps": 100}
+        else:
+            score, _, local = variant.partition("-")
+            preset, model = "rnn-seq2seq", {"d_model": d, "attention": score, "dropout": 0.1,
+                                            "attention_window": 5 if local else None}
+            lr, schedule = 2e-3, {"schedule": "linear", "warmup_steps": 50}
+        run = Seq2SeqRun(preset=preset, model=model, tokenizer=str(tokenizer_dir), out=str(out / variant),
+                         epochs=args.epochs, data=Seq2SeqDataConfig(train="bbc-headlines",
+                                                                    max_source_len=args.max_source_len,
+                                                                    max_target_len=24, max_dev_examples=50),
+                         decode=DecodeConfig(strategy="beam", beams=4, length_penalty="gnmt:0.6", max_new_tokens=24),
+                         train=TrainConfig(lr=lr, batch_size=args.batch_size, beta2=0.98, eps=1e-9, weight_decay=0.0,
+                                           log_every=20, **schedule))
+        start = time.perf_counter()
+        trainer, tokenizer, test = build_seq2seq_trainer(run, set(), overwrite=True, progress=False)
+        trainer.fit()
+        train_s = time.perf_counter() - start
+        trainer.model = load_pretrained(run.out).model
+        start = time.perf_counter()
+        scores = evaluate_test(run, trainer, tokenizer, test)
+        decode_s = time.perf_counter() - start
+        params = sum(p.numel() for p in trainer.model.parameters())
+        row = {"variant": variant, "params": params, "train_seconds": train_s, "decode_seconds": decode_s,
+               "steps": trainer.step, **{k: round(v, 2) for k, v in scores.items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| model | params | ROUGE-1 | ROUGE-2 | ROUGE-L | train s | test decode s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['params'] / 1e6:.1f}M | {r['rouge1']:.2f} | {r['rouge2']:.2f} | "
+              f"{r['rougeL']:.2f} | {r['train_seconds']:.0f} | {r['decode_seconds']:.0f} |")
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "headlines.json").write_text(json.dumps({"command": reproduce_command(__file__, sys.argv[1:]),
+                                                        "machine": machine, "rows": rows}, indent=2) + "\n")
+    print(f"\ncommand: {reproduce_command(__file__, sys.argv[1:])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
