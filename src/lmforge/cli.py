@@ -16,6 +16,7 @@ from lmforge.commands import models as model_cmd
 from lmforge.commands import pretrain as pretrain_cmd
 from lmforge.commands import seq2seq as seq2seq_cmd
 from lmforge.commands import tokenizer as tok_cmd
+from lmforge.commands import vectors as vectors_cmd
 from lmforge.commands import viz as viz_cmd
 from lmforge.errors import LmforgeError
 
@@ -45,6 +46,12 @@ COMMANDS: dict[str, Command] = {
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
     "compare": ("compare from-scratch, static-embedding and pretrained classifiers on one split (table + plot)",
                 compare_cmd.add_compare_arguments, compare_cmd.run_compare_command),
+    "word2vec train": ("train Word2Vec (skip-gram or CBOW, negative sampling) on text files; word2vec-format output",
+                       vectors_cmd.add_word2vec_arguments, vectors_cmd.run_word2vec_train),
+    "glove train": ("train GloVe on text files; word2vec-format output", vectors_cmd.add_glove_arguments,
+                    vectors_cmd.run_glove_train),
+    "vectors evaluate": ("score word vectors: Spearman on word pairs or 3CosAdd analogy accuracy",
+                         vectors_cmd.add_evaluate_arguments, vectors_cmd.run_evaluate),
     "viz attention": ("attention weights of a model for a text: PNG heat maps (layers x heads) or a self-contained "
                       "HTML viewer", viz_cmd.add_attention_arguments, viz_cmd.run_attention),
     "viz positions": ("picture of the sinusoidal positional encodings (PNG)", viz_cmd.add_positions_arguments,
@@ -56,7 +63,9 @@ COMMANDS: dict[str, Command] = {
 }
 
 GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepare corpora for pretraining",
-              "viz": "look inside: attention weights, positional encodings, training curves"}
+              "viz": "look inside: attention weights, positional encodings, training curves",
+              "word2vec": "static word vectors: skip-gram and CBOW", "glove": "static word vectors from co-occurrences",
+              "vectors": "evaluate word vectors (word2vec format)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
