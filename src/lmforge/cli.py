@@ -15,6 +15,7 @@ from lmforge.commands import generate as generate_cmd
 from lmforge.commands import models as model_cmd
 from lmforge.commands import pretrain as pretrain_cmd
 from lmforge.commands import seq2seq as seq2seq_cmd
+from lmforge.commands import serve as serve_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.commands import vectors as vectors_cmd
 from lmforge.commands import viz as viz_cmd
@@ -58,6 +59,8 @@ COMMANDS: dict[str, Command] = {
                       viz_cmd.run_positions),
     "viz training": ("curves of a run's metrics.jsonl: loss, learning rate, eval metrics (PNG)",
                      viz_cmd.add_training_arguments, viz_cmd.run_training),
+    "serve": ("serve a model folder over HTTP: JSON endpoints with micro-batching (FastAPI + uvicorn)",
+              serve_cmd.add_serve_arguments, serve_cmd.run_serve),
     "convert": ("import a Hugging Face BERT/GPT-2 folder, or export ours to that layout",
                 model_cmd.add_convert_arguments, model_cmd.run_convert),
 }
