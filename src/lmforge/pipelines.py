@@ -16,7 +16,9 @@ task                     model folder                                    call ->
 ``question-answering``   ``lmforge finetune --task qa``                  ``{"question", "context"}`` ->
                                                                          ``{"answer", "start", "end", "score"}``
 ``feature-extraction``   any encoder (lmforge or Hugging Face BERT)      ``"text"`` -> a vector (``pooling``
-                                                                         ``mean``/``cls``) or one per token
+                                                                         ``mean``/``cls``) or one per token;
+                                                                         with ``word_pooling``: ``{"words",
+                                                                         "spans", "vectors"}`` (one per word)
 =======================  ==============================================  ==========================================
 
 Every pipeline takes one input or a list of inputs (and then returns a list). Texts longer than the model's
@@ -46,8 +48,8 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
             feature-extraction).
         device: where the model runs.
         batch_size: inputs per forward pass.
-        options: per pipeline: ``top_k`` (fill-mask, 5); ``layers``, ``combine``, ``pooling`` (feature-extraction,
-            see ``lmforge.embeddings.contextual.embed_texts``).
+        options: per pipeline: ``top_k`` (fill-mask, 5); ``layers``, ``combine``, ``pooling`` or ``word_pooling``
+            (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts`` and ``embed_words``).
     """
     builders = {"fill-mask": FillMaskPipeline, "text-classification": TextClassificationPipeline,
                 "token-classification": TokenClassificationPipeline, "question-answering": QuestionAnsweringPipeline,
@@ -230,24 +232,39 @@ class FillMaskPipeline:
 
 
 class FeatureExtractionPipeline:
-    """Contextual embeddings of texts (``lmforge.embeddings.contextual.embed_texts``)."""
+    """Contextual embeddings of texts (``lmforge.embeddings.contextual.embed_texts``), or of their words with
+    ``word_pooling="first"|"mean"`` (``embed_words``: per text ``{"words", "spans", "vectors"}``, ``vectors``
+    (words, D'), ``spans`` the words' character offsets). ``pooling`` (default ``"mean"``) and ``word_pooling``
+    exclude each other."""
 
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, layers: Any = (-1,),
-                 combine: str = "mean", pooling: str = "mean") -> None:
-        from lmforge.embeddings.contextual import parse_layers
+                 combine: str = "mean", pooling: str | None = None, word_pooling: str | None = None) -> None:
+        from lmforge.embeddings.contextual import WORD_POOLINGS, parse_layers
         from lmforge.models.pretrained import load_backbone
 
+        if word_pooling is not None and pooling is not None:
+            raise LmforgeError("pooling and word_pooling exclude each other (vectors per text or token vs. per "
+                               "word); give one")
+        if word_pooling is not None and word_pooling not in WORD_POOLINGS:
+            raise LmforgeError(f"word_pooling={word_pooling!r} is not one of {', '.join(WORD_POOLINGS)}")
         loaded = load_backbone(model)
         if loaded.tokenizer is None:
             raise LmforgeError(f"{model}: the model folder has no tokenizer (vocab.txt)")
         self.model, self.tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
-        self.layers, self.combine, self.pooling = parse_layers(layers), combine, pooling
-        self.batch_size = batch_size
+        self.layers, self.combine, self.pooling = parse_layers(layers), combine, pooling or "mean"
+        self.word_pooling, self.batch_size = word_pooling, batch_size
 
     def __call__(self, inputs: str | list[str]) -> Any:
-        from lmforge.embeddings.contextual import embed_texts
+        from lmforge.embeddings.contextual import embed_texts, embed_words
 
         items, single = _as_list(inputs)
-        vectors = embed_texts(self.model, self.tokenizer, [_check_text(t) for t in items], layers=self.layers,
-                              combine=self.combine, pooling=self.pooling, batch_size=self.batch_size)
+        texts = [_check_text(t) for t in items]
+        if self.word_pooling is not None:
+            vectors = [{"words": w.words, "spans": w.spans, "vectors": w.vectors}
+                       for w in embed_words(self.model, self.tokenizer, texts, layers=self.layers,
+                                            combine=self.combine, word_pooling=self.word_pooling,
+                                            batch_size=self.batch_size)]
+        else:
+            vectors = embed_texts(self.model, self.tokenizer, texts, layers=self.layers, combine=self.combine,
+                                  pooling=self.pooling, batch_size=self.batch_size)
         return vectors[0] if single else vectors

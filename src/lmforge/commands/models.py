@@ -17,17 +17,24 @@ from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_wr
 WEIGHTS_NAME = "model.safetensors"  # as lmforge.models.pretrained
 POOLINGS = ("none", "mean", "cls")  # as lmforge.embeddings.contextual (checked there too)
 COMBINES = ("mean", "sum", "concat")
+WORD_POOLINGS = ("first", "mean")
 
 
 def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="an lmforge model folder or a Hugging Face BERT one")
     p.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one input per line")
-    p.add_argument("--out", required=True, metavar="FILE", help=".npy for mean/cls pooling, .npz for none")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help=".npy for mean/cls pooling, .npz for --pooling none and for --word-pooling")
     p.add_argument("--layers", default="-1", metavar="I[,J...]",
                    help="hidden-state indices: 0 = embeddings, -1 = last layer (default); e.g. -4,-3,-2,-1")
     p.add_argument("--combine", choices=COMBINES, default="mean", help="how several layers are combined")
-    p.add_argument("--pooling", choices=POOLINGS, default="mean",
-                   help="none: one vector per token (.npz, one array per line); mean over real tokens; cls")
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="none: one vector per token (.npz, one array per line); mean over real tokens (default); "
+                        "cls")
+    p.add_argument("--word-pooling", choices=WORD_POOLINGS, default=None,
+                   help="one vector per word instead (words split as the tokenizer splits them), from its first "
+                        "sub-word or the mean of its sub-words; writes .npz with arr_I (words, D), words_I and "
+                        "spans_I (character start, end) for line I")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None, help="truncate longer inputs (default: the model's)")
     p.add_argument("--overwrite", action="store_true")
@@ -40,9 +47,14 @@ def run_embed(args: argparse.Namespace) -> int:
     from lmforge.models.pretrained import load_pretrained
 
     out = Path(args.out)
-    want = ".npz" if args.pooling == "none" else ".npy"
+    if args.word_pooling is not None and args.pooling is not None:
+        raise LmforgeError("--pooling and --word-pooling exclude each other: --pooling makes vectors per text or "
+                           "token, --word-pooling per word; give one")
+    pooling = args.pooling or "mean"
+    what = f"word pooling '{args.word_pooling}'" if args.word_pooling else f"pooling '{pooling}'"
+    want = ".npz" if args.word_pooling or pooling == "none" else ".npy"
     if out.suffix != want:
-        raise LmforgeError(f"--out {out}: pooling '{args.pooling}' writes a {want} file; name it *{want}")
+        raise LmforgeError(f"--out {out}: {what} writes a {want} file; name it *{want}")
     check_can_write(out, args.overwrite)
     layers = parse_layers(args.layers)
     loaded = load_pretrained(args.model, with_head=False)
@@ -52,11 +64,27 @@ def run_embed(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise InputFileError(f"{path}: no such input file")
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    vectors = embed_texts(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
-                          pooling=args.pooling, batch_size=args.batch_size, max_length=args.max_length,
-                          show_progress=True)
     buffer = io.BytesIO()
-    if args.pooling == "none":
+    if args.word_pooling:
+        from lmforge.embeddings.contextual import embed_words
+
+        items = embed_words(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
+                            word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
+                            show_progress=True)
+        arrays = {}
+        for i, item in enumerate(items):
+            arrays[f"arr_{i}"] = item.vectors
+            arrays[f"words_{i}"] = np.array(item.words, dtype=str)  # a unicode array: loads without pickle
+            arrays[f"spans_{i}"] = np.array(item.spans, dtype=np.int64).reshape(-1, 2)
+        np.savez(buffer, **arrays)
+        atomic_write_bytes(out, buffer.getvalue())
+        width = items[0].vectors.shape[1] if items else 0
+        print(f"embedded {len(lines)} lines -> {out} {len(items)} arrays (words, {width}) with words_I, spans_I")
+        return 0
+    vectors = embed_texts(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
+                          pooling=pooling, batch_size=args.batch_size, max_length=args.max_length,
+                          show_progress=True)
+    if pooling == "none":
         np.savez(buffer, **{f"arr_{i}": v for i, v in enumerate(vectors)})
         shape = f"{len(vectors)} arrays (tokens, {vectors[0].shape[1] if vectors else 0})"
     else:

@@ -11,6 +11,7 @@ from typing import Any
 
 _WHERE = {
     "COMBINES": "contextual", "POOLINGS": "contextual", "embed_texts": "contextual", "parse_layers": "contextual",
+    "embed_words": "contextual", "WordVectors": "contextual", "WORD_POOLINGS": "contextual",
     "KeyedVectors": "vectors", "load_word2vec": "io", "save_word2vec": "io", "Vocabulary": "vocab",
     "EncodedCorpus": "vocab", "encode_corpus": "vocab", "SkipGram": "word2vec", "CBOW": "word2vec",
     "Word2VecConfig": "word2vec", "train_word2vec": "word2vec", "GloVe": "glove", "GloVeConfig": "glove",
