@@ -39,7 +39,7 @@ class RNNEncoder(nn.Module):
     ``attention`` (the pooling score), ``dropout`` (on the embeddings and between RNN layers), ``pad_token_id``
     (the embedding's padding row), ``max_seq_len`` (only with the 'location' score: the positions it can weigh).
     Not used: the Transformer fields (heads, d_ff, positions, segments: an RNN knows the order by itself;
-    ``token_type_ids`` are accepted and ignored) and ``attention_window``.
+    ``token_type_ids`` are accepted and ignored) and ``input_feeding``; ``attention_window`` must stay unset.
 
     Choices, all named:
         - ``pooled_output`` is the attention-pooled vector itself (no dense + tanh on top, unlike BERT's pooler);
@@ -62,6 +62,9 @@ class RNNEncoder(nn.Module):
             config: a ``ModelConfig``, e.g. the ``rnn-attn`` preset (``arch`` is not checked).
         """
         super().__init__()
+        if config.attention_window is not None:
+            raise LmforgeError(f"attention_window={config.attention_window} has no meaning for attention pooling (one "
+                               "query, no decoding step to centre a window on); leave it unset for arch 'rnn'")
         self.config = config
         D = config.d_model
         self.embeddings = nn.Embedding(config.vocab_size, D, padding_idx=config.pad_token_id)

@@ -6,8 +6,9 @@ The forward pass, top to bottom (Luong et al. 2015, "Effective Approaches to Att
 Translation", sections 3 and 3.3; Bahdanau et al. 2015 for the bidirectional encoder and the additive score):
 
     encode:  x = Dropout(E src)  -> L x biGRU/biLSTM (packed)                        memory h̄_s  (B, S, D)
-             h_0 = tanh(W_b [->h_S; <-h_1] + b_b)  per layer (the "bridge")           state        (L, B, D)
-    step t:  input  = [Dropout(E y_{t-1}); h~_{t-1}]     (input feeding; h~_0 = 0)                 (B, 2D)
+             h_0 = tanh(W_b [->h_S; <-h_1] + b_b)  per layer (the "bridge"; ->h_S alone if unidirectional)
+                                                                                      state        (L, B, D)
+    step t:  input  = [Dropout(E y_{t-1}); h~_{t-1}]     (input feeding, h~_0 = 0; else E y only)  (B, 2D)
              h_t    = RNN_dec(input, h_{t-1})             (L layers; the top one is the query)      (B, D)
              a_t    = masked softmax_s score(h_t, h̄_s)   (global, or local-m inside |s - t| <= D_w) (B, S)
              c_t    = sum_s a_t(s) h̄_s                                                              (B, D)
@@ -31,9 +32,9 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import Attention, make_score
+from lmforge.nn.attention import Attention
 from lmforge.nn.masks import padding_to_key_mask
-from lmforge.nn.rnn import StackedRNN, compact_padding, make_rnn
+from lmforge.nn.rnn import StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = ["RNNSeq2Seq", "RNNSeq2SeqOutput", "RNNState"]
 
@@ -100,6 +101,8 @@ class RNNSeq2Seq(nn.Module):
           ``lmforge.nn.Attention`` (alignment='predictive') but ModelConfig has no field to choose it.
         - The 'location' score softmax(W_a h_t) has max_seq_len outputs, of which the first S are used (see
           ``lmforge.nn.LocationScore``), so sources are limited to max_seq_len tokens with that score only.
+        - The 'cosine' score has strength sqrt(D), not 1 (see ``lmforge.nn.rnn.make_state_score``: bounded RNN
+          states could not sharpen the attention otherwise); the additive score's hidden width is D.
         - Dropout (``config.dropout``) on the embeddings, between stacked RNN layers, and on h~_t before the
           output projection (Zaremba et al. 2014's non-recurrent connections); h~_t is fed back undropped.
         - The output projection has no bias and is the target embedding when ``tie_embeddings`` (Press & Wolf
@@ -141,7 +144,7 @@ class RNNSeq2Seq(nn.Module):
         self.bridge_cell = nn.Linear(D, D) if config.rnn_cell == "lstm" else None
         d_input = 2 * D if config.input_feeding else D  # [E y_{t-1}; h~_{t-1}] with input feeding
         self.decoder = make_rnn(config.rnn_cell, d_input, D, n_layers=L, dropout=config.dropout)
-        score = make_score(config.attention, d_q=D, d_k=D, d_attn=D, max_len=config.max_seq_len)
+        score = make_state_score(config.attention, D, max_len=config.max_seq_len)  # cosine: strength sqrt(D)
         self.attention = Attention(score, window=config.attention_window)  # local-m when a window is set
         self.combine = nn.Linear(2 * D, D, bias=False)  # W_c of h~_t = tanh(W_c [c_t; h_t])
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, V, bias=False)

@@ -22,10 +22,12 @@ from lmforge.nn.attention import (
     math_attention,
     sdpa_attention,
 )
+from lmforge.nn.crf import LinearChainCRF
 from lmforge.nn.feedforward import ACTIVATIONS, FeedForward, gelu_sigmoid
 from lmforge.nn.layers import DecoderLayer, EncoderLayer, LayerCache, LayerOutput
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask, to_additive_mask
 from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
+from lmforge.nn.rnn import AttentionPooling, RNNOutput, StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = [
     "ACTIVATIONS",
@@ -60,4 +62,11 @@ __all__ = [
     "padding_to_key_mask",
     "sdpa_attention",
     "to_additive_mask",
+    "AttentionPooling",
+    "LinearChainCRF",
+    "RNNOutput",
+    "StackedRNN",
+    "compact_padding",
+    "make_rnn",
+    "make_state_score",
 ]

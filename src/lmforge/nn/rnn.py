@@ -10,6 +10,7 @@ skipped (``pack_padded_sequence``), so a padded batch gives exactly the outputs 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -18,10 +19,10 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import Attention, make_score
+from lmforge.nn.attention import Attention, CosineScore, make_score
 from lmforge.nn.masks import padding_to_key_mask
 
-__all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "compact_padding", "make_rnn"]
+__all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "compact_padding", "make_rnn", "make_state_score"]
 
 CELLS: dict[str, type[nn.RNNBase]] = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -45,6 +46,28 @@ def make_rnn(cell: str, d_input: int, d_hidden: int, *, n_layers: int = 1, bidir
         raise LmforgeError(f"unknown RNN cell {cell!r}; choose one of {', '.join(CELLS)}")
     return CELLS[cell](d_input, d_hidden, num_layers=n_layers, bidirectional=bidirectional,
                        dropout=dropout if n_layers > 1 else 0.0, batch_first=True)
+
+
+def make_state_score(name: str, d_model: int, *, max_len: int | None = None) -> nn.Module:
+    """A scoring function between RNN states of width D (queries and keys alike), by name.
+
+    As ``lmforge.nn.attention.make_score`` with d_q = d_k = D and the additive hidden width A = D, except for
+    'cosine': its strength is beta = sqrt(D) instead of 1. Why: RNN states are bounded (|h_i| <= 1), so with
+    beta = 1 the scores stay in [-1, 1] and the softmax can never concentrate (a toy reversal task stalled below
+    100% for 500 steps); sqrt(D) makes cosine the norm-free version of the scaled dot product (for states of
+    unit-variance entries, q . k / sqrt(D) ~ cos(q, k) sqrt(D)). Graves et al. (2014) emit beta from the controller.
+
+    Args:
+        name: one of ``lmforge.nn.attention.SCORES``.
+        d_model: D.
+        max_len: longest source ('location').
+
+    Returns:
+        A module with ``forward(q, k) -> (..., Tq, Tk)``.
+    """
+    if name == "cosine":
+        return CosineScore(scale=math.sqrt(d_model))
+    return make_score(name, d_q=d_model, d_k=d_model, d_attn=d_model, max_len=max_len)
 
 
 def _bool_mask(attention_mask: Tensor, B: int, T: int) -> Tensor:
@@ -195,8 +218,10 @@ class AttentionPooling(nn.Module):
     pooled = sum_t a_t h_t, a = masked softmax_t score(u, h_t), with keys = values = the states h_t and the query
     u a learned D-vector. With the 'additive' score this is exactly Yang et al.'s u_w^T tanh(W h_t + b) (the
     query term W_q u is a learned bias); 'dot', 'scaled_dot', 'general' and 'cosine' score u against h_t
-    directly. 'location' (Luong et al. 2015, a = softmax(W_a u)) ignores the content: with a constant query it is
-    a learned weighting of the positions 0 .. max_len - 1 (renormalised over each row's real tokens).
+    directly ('cosine' with strength sqrt(D), see ``make_state_score``). 'location' (Luong et al. 2015,
+    a = softmax(W_a u)) ignores the content: with a constant query it is a learned weighting of the positions
+    0 .. max_len - 1 (renormalised over each row's real tokens). Positions count real tokens (padding anywhere is
+    skipped), so a row gets the same weights alone or inside a padded batch, whatever the score.
     """
 
     def __init__(self, d_model: int, score: str = "dot", *, max_len: int | None = None) -> None:
@@ -211,7 +236,7 @@ class AttentionPooling(nn.Module):
             raise LmforgeError("attention pooling with the 'location' score needs max_len (the longest sequence)")
         self.query = nn.Parameter(torch.empty(d_model))  # u: (D,)
         nn.init.uniform_(self.query, -0.1, 0.1)  # not zero: the cosine score has no gradient at u = 0
-        self.attention = Attention(make_score(score, d_q=d_model, d_k=d_model, d_attn=d_model, max_len=max_len))
+        self.attention = Attention(make_state_score(score, d_model, max_len=max_len))
         self.score_name = score
 
     def forward(self, states: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -225,12 +250,20 @@ class AttentionPooling(nn.Module):
             any gets zero weights and a zero vector).
         """
         B, T, D = states.shape
+        mask, order = None, None
         if attention_mask is not None:
-            attention_mask = _bool_mask(attention_mask, B, T)
+            mask = _bool_mask(attention_mask, B, T)
+            order, lengths = compact_padding(mask)
+            if order is not None:  # real tokens first, so that 'location' positions count real tokens
+                states = states.gather(1, order.unsqueeze(-1).expand_as(states))
+                mask = torch.arange(T, device=mask.device) < lengths.unsqueeze(-1)  # (B, T) right-padded
         query = self.query.to(states.dtype).expand(B, 1, D)  # (B, 1, D)
-        out = self.attention(query, states, attention_mask=attention_mask, need_weights=True)
+        out = self.attention(query, states, attention_mask=mask, need_weights=True)
         assert out.weights is not None
-        return out.output.squeeze(1), out.weights.squeeze(1)  # (B, D), (B, T)
+        weights = out.weights.squeeze(1)  # (B, T)
+        if order is not None:  # back to the input layout
+            weights = torch.zeros_like(weights).scatter_(1, order, weights)
+        return out.output.squeeze(1), weights  # (B, D), (B, T)
 
     def extra_repr(self) -> str:
         return f"d_model={self.query.shape[0]}, score={self.score_name!r}"
