@@ -159,7 +159,10 @@ def train(model: torch.nn.Module, task, tokenizer, features: list[dict[str, Any]
                 break
             batch = task.collate([features[i] for i in order[s:s + args.batch_size]], tokenizer.pad_id)
             tokens += int(batch["attention_mask"].sum())
-            loss = model(**hf_batch(args.task, batch)).loss
+            if args.mask_context:
+                loss = masked_qa_loss(model, batch)
+            else:
+                loss = model(**hf_batch(args.task, batch)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
@@ -171,6 +174,19 @@ def train(model: torch.nn.Module, task, tokenizer, features: list[dict[str, Any]
     seconds = time.perf_counter() - start
     return {"train_s": seconds, "steps": step, "warmup_steps": warmup, "tokens": tokens,
             "final_loss": float(np.mean(losses[-10:])), "first_loss": losses[0]}
+
+
+def masked_qa_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Diagnostic variant (``--mask-context``): Hugging Face's QA model, but with lmforge's loss, whose start and
+    end cross-entropies only see the window's context tokens and [CLS] (``batch["context_mask"]``)."""
+    import torch.nn.functional as F
+
+    out = model(**hf_batch("qa", {k: v for k, v in batch.items() if not k.endswith("_positions")}))
+    allowed = batch["context_mask"]  # (B, T) bool
+    lowest = torch.finfo(out.start_logits.dtype).min
+    start = out.start_logits.masked_fill(~allowed, lowest)
+    end = out.end_logits.masked_fill(~allowed, lowest)
+    return (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
 
 
 def eval_batches(task, tokenizer, features: list[dict[str, Any]]):
@@ -239,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--mask-context", action="store_true",
+                   help="QA diagnostic: train with lmforge's loss (cross-entropy over context tokens and [CLS] only) "
+                        "instead of Hugging Face's (over every position); not used by bench_finetune.py")
     args = p.parse_args(argv)
+    if args.mask_context and args.task != "qa":
+        p.error("--mask-context is for --task qa")
     torch.set_num_threads(args.threads)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     import transformers
