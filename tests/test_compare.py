@@ -67,3 +67,62 @@ def test_compare_writes_the_table_csv_and_curve(tmp_path, capsys):
     assert (tmp_path / "out" / "word2vec.txt").is_file()
     assert not (tmp_path / "out" / "runs" / "Transformer_(scratch)-3-0" / "model.safetensors").exists()
     assert "compare.md" in capsys.readouterr().out
+
+
+def _small_config(tmp_path, max_length: int = 16) -> str:
+    """The toy comparison with one size, written to its own file."""
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    text = CONFIG.format(out=tmp_path / "out", data=data).replace("sizes = [3, 0]", "sizes = [3]")
+    path = tmp_path / f"compare-{max_length}.toml"
+    path.write_text(text.replace("\nmax_length = 16\n", f"\nmax_length = {max_length}\n"), encoding="utf-8")
+    return str(path)
+
+
+def test_an_interrupted_comparison_resumes_without_repeating_finished_runs(tmp_path, monkeypatch):
+    import lmforge.compare as compare
+
+    real, calls = compare.run_one, []
+
+    def flaky(approach, config, *args, **kwargs):
+        calls.append((approach.name, args[3]))  # (name, seed)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the machine goes down during the third run
+        return real(approach, config, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "run_one", flaky)
+    config = _small_config(tmp_path)
+    assert main(["-q", "compare", "--config", config]) == 130  # interrupted
+    out = tmp_path / "out"
+    assert len((out / "runs.jsonl").read_text().splitlines()) == 2 and not (out / "compare.csv").exists()
+
+    assert main(["-q", "compare", "--config", config]) == 2  # it holds a comparison: neither flag -> refused
+    calls.clear()
+    assert main(["-q", "compare", "--config", config, "--resume"]) == 0
+    assert calls == [("RNN + word2vec (frozen)", 0), ("RNN + word2vec (frozen)", 1)]  # only the two not finished
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert len(rows) == 4
+
+    calls.clear()  # adding a seed on resume runs only the new seed's runs
+    assert main(["-q", "compare", "--config", config, "--resume", "--seeds", "0,1,2"]) == 0
+    assert sorted(calls) == [("RNN + word2vec (frozen)", 2), ("Transformer (scratch)", 2)]
+    assert len(list(csv.DictReader((out / "compare.csv").open()))) == 6
+
+
+def test_resume_refuses_changed_data_settings_and_overwrite_moves_the_old_folder(tmp_path, capsys):
+    config = _small_config(tmp_path)
+    assert main(["-q", "compare", "--config", config, "--only", "Transformer (scratch)", "--seeds", "0"]) == 0
+    changed = _small_config(tmp_path, max_length=12)
+    assert main(["-q", "compare", "--config", changed, "--resume"]) == 2
+    assert "max_length (was 16, now 12)" in capsys.readouterr().err
+    assert main(["-q", "compare", "--config", changed, "--overwrite", "--only", "Transformer (scratch)",
+                 "--seeds", "0"]) == 0
+    assert len(list(tmp_path.glob("out.old-*"))) == 1 and (tmp_path / "out" / "compare.csv").is_file()
+
+
+def test_a_missing_pretrained_model_fails_before_any_run(tmp_path, capsys):
+    config = tmp_path / "compare.toml"
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    config.write_text(f'out = "{tmp_path / "out"}"\ndata = "{data}"\npretrained = "{tmp_path / "nowhere"}"\n\n'
+                      '[[approach]]\nname = "ours"\nfamily = "finetune"\nmodel = "@pretrained"\n', encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config)]) == 2
+    assert "uses @pretrained" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -16,15 +16,22 @@ An approach is a table in the config (``[[approach]]``); ``model`` is a preset n
 ``@minilm`` (the embedded MiniLM checkpoint) and ``@pretrained`` (the config's ``pretrained`` folder);
 ``vectors = "word2vec" | "glove"`` initialises the token embeddings from static vectors trained here on the
 training texts split into the tokenizer's word pieces (so every token has a vector).
+
+Nothing is lost when a comparison stops: every finished run is appended to ``runs.jsonl`` at once, and
+``resume=True`` (``lmforge compare --resume``) continues in the same folder, reusing the tokenizer, the static
+vectors and every finished run whose approach settings are unchanged; sizes, seeds and approaches may be added.
+A folder that already holds a comparison is otherwise refused, or moved aside with ``overwrite=True``.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
 import math
+import os
 import random
 import statistics
 import time
@@ -172,6 +179,81 @@ def _model_source(approach: Approach, config: CompareConfig) -> str:
     return approach.model
 
 
+def check_sources(config: CompareConfig) -> None:
+    """Fail before the first run, not hours into the comparison, when an approach's model cannot be found."""
+    from lmforge.config import PRESETS
+
+    for approach in config.approach:
+        source = _model_source(approach, config)
+        if approach.model == "@pretrained" and not (Path(source) / "config.json").is_file():
+            raise LmforgeError(f"approach {approach.name!r} uses @pretrained = {source!r}, which is not a model folder "
+                               "(no config.json); pretrain one first (`make demo` leaves runs/demo/bert-mini), set "
+                               "`pretrained` in the config, or leave the approach out with --only")
+        if not Path(source).is_dir() and source not in PRESETS:
+            raise LmforgeError(f"approach {approach.name!r}: model={source!r} is neither a model folder nor a preset "
+                               f"({', '.join(PRESETS)})")
+
+
+SETUP_KEYS = ("data", "text_column", "label_column", "test_fraction", "split_seed", "max_test", "tokenizer",
+              "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "vectors_window")
+CONFIG_NAME, RUNS_NAME = "compare-config.json", "runs.jsonl"
+
+
+def _run_key(approach: Approach, size: int, seed: int) -> str:
+    """What makes two runs the same: the approach's settings (its name included), the subset size and the seed."""
+    return json.dumps({"approach": dataclasses.asdict(approach), "size": size, "seed": seed}, sort_keys=True)
+
+
+def prepare_out(config: CompareConfig, *, resume: bool, overwrite: bool) -> dict[str, dict[str, Any]]:
+    """Make ``config.out`` ready; returns the finished runs to reuse (by ``_run_key``) when resuming."""
+    from lmforge.config import to_dict
+    from lmforge.utils.io import atomic_write_text, move_aside
+
+    if resume and overwrite:
+        raise LmforgeError("--resume continues the comparison in the output folder, --overwrite starts a new one: "
+                           "choose one")
+    out = Path(config.out)
+    saved_path = out / CONFIG_NAME
+    finished: dict[str, dict[str, Any]] = {}
+    if out.exists() and any(out.iterdir()):
+        if resume and saved_path.is_file():
+            saved = json.loads(saved_path.read_text(encoding="utf-8"))
+            current = to_dict(config)
+            changed = [f"{k} (was {saved.get(k)!r}, now {current[k]!r})" for k in SETUP_KEYS
+                       if saved.get(k) != current[k]]
+            if changed:
+                raise LmforgeError(f"cannot resume the comparison in {out}: {'; '.join(changed)}. Only sizes, seeds "
+                                   "and approaches may change on resume; use another --out or --overwrite")
+            runs_path = out / RUNS_NAME
+            if runs_path.is_file():
+                for n, line in enumerate(runs_path.read_text(encoding="utf-8").splitlines(), 1):
+                    try:
+                        record = json.loads(line)
+                        finished[record["key"]] = record["result"]
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        log.warning("%s line %d is not a finished run (cut off?); that run is repeated", runs_path, n)
+            log.info("compare: resuming in %s with %d finished run(s)", out, len(finished))
+        elif overwrite:
+            log.warning("compare: moved the previous contents of %s to %s", out, move_aside(out))
+        elif resume:
+            raise LmforgeError(f"--resume: {out} holds no comparison ({CONFIG_NAME} is missing); drop --resume or "
+                               "choose another --out")
+        else:
+            raise LmforgeError(f"{out} is not empty; pass --resume to continue the comparison there, --overwrite to "
+                               "start a new one (the old folder is renamed, not deleted), or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(saved_path, json.dumps(to_dict(config), indent=2) + "\n")
+    return finished
+
+
+def _append_record(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line, flushed to disk before the next run starts."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_file: Path, n_train: int, seed: int,
             tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
     """Fine-tune one approach on one subset; returns the test metrics and the wall time."""
@@ -205,16 +287,25 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
             "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": trainer.step}
 
 
-def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Path]:
-    """Run every approach x size x seed; write the CSV, the Markdown table and the learning curve."""
+def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = False,
+                overwrite: bool = False) -> dict[str, Path]:
+    """Run every approach x size x seed; write the CSV, the Markdown table and the learning curve.
+
+    Args:
+        resume: continue the comparison already in ``config.out`` (finished runs are not repeated).
+        overwrite: move an existing ``config.out`` aside (``<out>.old-<timestamp>``) and start afresh.
+    """
+    import shutil
+
     from tqdm.auto import tqdm
 
     from lmforge.data.readers import stratified_split
     from lmforge.tokenizers import WordPieceTokenizer, WordPieceTrainer
     from lmforge.utils.io import atomic_write_text
 
+    check_sources(config)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    finished = prepare_out(config, resume=resume, overwrite=overwrite)
     pairs = load_labelled(config)
     labels = [label for _, label in pairs]
     train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
@@ -228,6 +319,8 @@ def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Pa
     train_texts = [pairs[i][0] for i in train_idx]
 
     tokenizer_dir = config.tokenizer
+    if not tokenizer_dir and (out / "tokenizer" / "vocab.txt").is_file():  # resuming: the same vocabulary
+        tokenizer_dir = str(out / "tokenizer")
     if not tokenizer_dir:
         start = time.perf_counter()
         tokenizer = WordPieceTrainer(config.vocab_size, algorithm="bpe-count").train(train_texts)
@@ -237,16 +330,22 @@ def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Pa
                  tokenizer.vocab_size, time.perf_counter() - start)
     vectors: dict[str, Path] = {}
     kinds = sorted({a.vectors for a in config.approach if a.vectors})
-    vector_seconds: dict[str, float] = {}
-    if kinds:
-        tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
-        sentences = [tokenizer.tokenize(t) for t in train_texts]
-        for kind in kinds:
-            start = time.perf_counter()
-            vectors[kind] = train_static_vectors(kind, sentences, out / f"{kind}.txt", dim=config.vectors_dim,
-                                                 epochs=config.vectors_epochs, window=config.vectors_window,
-                                                 seed=config.split_seed)
-            vector_seconds[kind] = time.perf_counter() - start
+    seconds_path = out / "vectors.json"
+    vector_seconds: dict[str, float] = (json.loads(seconds_path.read_text(encoding="utf-8"))
+                                        if seconds_path.is_file() else {})
+    sentences: list[list[str]] | None = None
+    for kind in kinds:
+        vectors[kind] = out / f"{kind}.txt"
+        if vectors[kind].is_file() and kind in vector_seconds:  # resuming: trained before
+            continue
+        if sentences is None:
+            tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
+            sentences = [tokenizer.tokenize(t) for t in train_texts]
+        start = time.perf_counter()
+        train_static_vectors(kind, sentences, vectors[kind], dim=config.vectors_dim, epochs=config.vectors_epochs,
+                             window=config.vectors_window, seed=config.split_seed)
+        vector_seconds[kind] = time.perf_counter() - start
+        atomic_write_text(seconds_path, json.dumps(vector_seconds) + "\n")
 
     runs = [(a, size, seed) for a in config.approach for size in config.sizes for seed in config.seeds]
     results: list[dict[str, Any]] = []
@@ -255,16 +354,21 @@ def run_compare(config: CompareConfig, *, progress: bool = True) -> dict[str, Pa
         train_file = data_dir / f"train-{size}-{seed}.csv"
         if not train_file.exists():
             _write_csv(train_file, [pairs[i] for i in chosen])
+        key = _run_key(approach, size, seed)
+        if key in finished:
+            results.append(finished[key])
+            continue
         run_dir = out / "runs" / f"{approach.name.replace(' ', '_').replace('/', '-')}-{size}-{seed}"
+        if run_dir.exists():  # cut off by an interruption: our own scratch folder, started again
+            shutil.rmtree(run_dir)
         result = run_one(approach, config, train_file, test_file, len(chosen), seed, tokenizer_dir, vectors, run_dir)
         result["per_class"] = size
         results.append(result)
         if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
-            import shutil
-
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             for name in ("model.safetensors", "vocab.txt"):
                 (run_dir / name).unlink(missing_ok=True)
+        _append_record(out / RUNS_NAME, {"key": key, "result": result})
         log.info("compare: %s, %s per class, seed %d: accuracy %.3f, macro-F1 %.3f (%.0f s)", approach.name,
                  size or "all", seed, result["accuracy"], result["f1"], result["seconds"])
     buffer = io.StringIO()

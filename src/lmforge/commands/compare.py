@@ -21,13 +21,19 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", type=_ints, metavar="N,N,...", help="examples per class (0 = all)")
     p.add_argument("--seeds", type=_ints, metavar="S,S,...")
     p.add_argument("--only", metavar="NAME[,NAME]", help="run only these approaches (by name)")
+    p.add_argument("--pretrained", metavar="DIR", help="the model folder of the @pretrained approaches (default: the "
+                                                        "config's pretrained)")
+    p.add_argument("--resume", action="store_true", help="continue the comparison in --out: finished runs are kept, "
+                                                         "the rest run")
+    p.add_argument("--overwrite", action="store_true", help="start afresh in a non-empty --out (the old folder is "
+                                                            "renamed, not deleted)")
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
     from lmforge.compare import CompareConfig, run_compare
 
     values = load_toml(args.config)
-    for key in ("out", "sizes", "seeds"):
+    for key in ("out", "sizes", "seeds", "pretrained"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.only:
@@ -38,7 +44,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
                                f"{', '.join(sorted(map(str, known)))}")
         values["approach"] = [a for a in values.get("approach", []) if a.get("name") in wanted]
     config = from_dict(CompareConfig, values, where=args.config)
-    paths = run_compare(config)
+    paths = run_compare(config, resume=args.resume, overwrite=args.overwrite)
     print(paths["md"].read_text(encoding="utf-8"))
     print(f"table: {paths['md']}  csv: {paths['csv']}  learning curve: {paths['png']}")
     return 0

@@ -25,7 +25,6 @@ import os
 import random
 import re
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from lmforge.models.pretrained import (
     save_pretrained,
 )
 from lmforge.training.logging import METRICS_NAME, truncate_metrics
-from lmforge.utils.io import atomic_open, atomic_write_bytes
+from lmforge.utils.io import atomic_open, atomic_write_bytes, move_aside
 
 log = logging.getLogger("lmforge")
 
@@ -347,13 +346,7 @@ def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path 
                                "--resume auto to continue it, or --overwrite to start a new run (the old folder is "
                                "renamed, not deleted), or choose another output folder")
         if held:
-            stamp, n = datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), 0
-            aside = out_dir.with_name(f"{out_dir.name}.old-{stamp}")
-            while aside.exists():
-                n += 1
-                aside = out_dir.with_name(f"{out_dir.name}.old-{stamp}-{n}")
-            out_dir.rename(aside)
-            log.warning("moved the previous run in %s to %s", out_dir, aside)
+            log.warning("moved the previous run in %s to %s", out_dir, move_aside(out_dir))
     elif resume == "auto":
         found = latest_checkpoint(out_dir)
         if found is None and held:

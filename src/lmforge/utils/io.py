@@ -37,6 +37,20 @@ def check_can_write(path: str | Path, overwrite: bool, what: str = "output") -> 
                        "(overwrite=True) to replace it")
 
 
+def move_aside(path: str | Path) -> Path:
+    """Rename ``path`` to ``<path>.old-<UTC timestamp>`` (a free name; nothing is deleted) and return the new name."""
+    from datetime import UTC, datetime
+
+    path = Path(path)
+    stamp, n = datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), 0
+    aside = path.with_name(f"{path.name}.old-{stamp}")
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.old-{stamp}-{n}")
+    path.rename(aside)
+    return aside
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
