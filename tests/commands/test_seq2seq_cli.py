@@ -52,3 +52,16 @@ def test_train_seq2seq_refuses_an_encoder_preset(tiny_encoder_dir, tmp_path, cap
     assert main(["train-seq2seq", "--preset", "bert-tiny", "--tokenizer", str(tiny_encoder_dir), "--train-data",
                  str(train), "--out", str(tmp_path / "out")]) == 2
     assert "needs an encoder-decoder" in capsys.readouterr().err
+
+
+def test_without_a_tokenizer_one_is_trained_on_the_pairs_and_saved_with_the_model(tmp_path, capsys):
+    train, dev = _pairs(tmp_path / "train.jsonl", 24, 0), _pairs(tmp_path / "dev.jsonl", 4, 1)
+    out = tmp_path / "run"
+    assert main(["-q", "train-seq2seq", "--preset", "rnn-seq2seq", *TINY["rnn-seq2seq"], "--train-data", str(train),
+                 "--dev-data", str(dev), "--out", str(out), "--epochs", "1", "--batch-size", "8",
+                 "--vocab-size", "120", "--decode.dev_strategy=beam", "--decode.beams=2"]) == 0
+    assert "best dev at step 3 (beam)" in capsys.readouterr().out
+    loaded = load_pretrained(out)
+    assert loaded.tokenizer is not None and loaded.tokenizer.vocab_size <= 120
+    assert set(loaded.tokenizer.tokenize("oslo")) <= set(loaded.tokenizer.vocab)  # learnt from the pairs
+    assert main(["generate", "--model", str(out), "--prompt", "alice oslo bob", "--max-new-tokens", "4"]) == 0

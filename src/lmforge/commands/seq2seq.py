@@ -8,6 +8,9 @@ decoded with ``[decode]`` (e.g. beam 4 with the GNMT length penalty) into ``test
 
 ``data.train = "bbc-headlines"`` uses the embedded BBC News corpus: write each article's title from its body,
 on a fixed per-topic split (``lmforge.data.seq2seq``).
+
+Without ``tokenizer``, a WordPiece vocabulary of ``vocab_size`` tokens is trained by pair count on the training
+sources and targets (deterministic, so a resumed run gets the same one) and saved with the model.
 """
 
 from __future__ import annotations
@@ -55,17 +58,20 @@ class Seq2SeqDataConfig:
 
 @dataclass
 class DecodeConfig:
-    """How to decode at test time (dev evaluations during training are greedy)."""
+    """How to decode the test set, and the dev set at each evaluation (``dev_strategy``: greedy, the fast default,
+    or beam with these beams and length penalty, slower but what the test set gets)."""
 
     strategy: str = "beam"
     beams: int = 4
     length_penalty: str = "gnmt:0.6"
     max_new_tokens: int = 30
     no_repeat_ngram: int = 0
+    dev_strategy: str = "greedy"
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("greedy", "beam"):
-            raise LmforgeError(f"decode.strategy={self.strategy!r} is not one of greedy, beam")
+        for name in ("strategy", "dev_strategy"):
+            if getattr(self, name) not in ("greedy", "beam"):
+                raise LmforgeError(f"decode.{name}={getattr(self, name)!r} is not one of greedy, beam")
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Seq2SeqRun:
     preset: str = "rnn-seq2seq"
     model: dict[str, Any] = field(default_factory=dict)
     tokenizer: str = ""
+    vocab_size: int = 8000
     out: str = ""
     epochs: float = 10.0
     label_smoothing: float = 0.1
@@ -82,7 +89,7 @@ class Seq2SeqRun:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "out": "out", "epochs": "epochs",
+FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "vocab_size": "vocab_size", "out": "out", "epochs": "epochs",
          "train_data": "data.train", "dev_data": "data.dev", "test_data": "data.test", "lr": "train.lr",
          "batch_size": "train.batch_size", "seed": "train.seed", "max_steps": "train.max_steps"}
 
@@ -92,7 +99,10 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
                 "--model.attention_window=3 --decode.beams=8 --train.warmup_steps=1000.")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/headlines-*.toml)")
     p.add_argument("--preset", help="rnn-seq2seq, transformer-base, ... (model sizes: --model.d_model=...)")
-    p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer")
+    p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer (default: train "
+                                                      "one of vocab_size tokens on the training pairs)")
+    p.add_argument("--vocab-size", type=int, metavar="N", help="without --tokenizer: the size of the vocabulary "
+                                                              "trained on the pairs (default 8000)")
     p.add_argument("--train-data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
     p.add_argument("--dev-data", metavar="FILE")
     p.add_argument("--test-data", metavar="FILE")
@@ -122,9 +132,8 @@ def resolve_run(args: argparse.Namespace) -> tuple[Seq2SeqRun, set[str]]:
     user = apply_overrides(load_toml(args.config) if args.config else {}, flags + list(args.overrides))
     values = apply_overrides(values, flags + list(args.overrides))
     run = from_dict(Seq2SeqRun, values, where=args.config or "train-seq2seq")
-    for name, flag in (("tokenizer", "--tokenizer"), ("out", "--out")):
-        if not getattr(run, name):
-            raise LmforgeError(f"no {name}: pass {flag}")
+    if not run.out:
+        raise LmforgeError("no output folder: pass --out DIR")
     if not run.data.train:
         raise LmforgeError(f"no training data: pass --train-data FILE (or {BBC_HEADLINES})")
     return run, set(user.get("train", {}))
@@ -199,6 +208,22 @@ def decode_texts(model, tokenizer, features: list[dict[str, Any]], decode: Decod
     return texts
 
 
+def train_tokenizer(run: Seq2SeqRun, train: list[Any]):
+    """A shared WordPiece vocabulary (merged by pair count) of the training sources and targets."""
+    import time
+
+    from lmforge.tokenizers import WordPieceTrainer
+
+    if run.vocab_size < 100:
+        raise LmforgeError(f"vocab_size={run.vocab_size}: a trained tokenizer needs at least 100 tokens")
+    start = time.perf_counter()
+    tokenizer = WordPieceTrainer(run.vocab_size, algorithm="bpe-count").train(e.source + "\n" + e.target
+                                                                              for e in train)
+    log.info("train-seq2seq: no --tokenizer, so trained a %d-token WordPiece vocabulary on the %d training pairs "
+             "in %.1f s (saved with the model)", tokenizer.vocab_size, len(train), time.perf_counter() - start)
+    return tokenizer
+
+
 def build_seq2seq_trainer(run: Seq2SeqRun, user_train_keys: set[str], *, resume: str = "never",
                           overwrite: bool = False, progress: bool = True):
     from lmforge.data.seq2seq import collate_pairs, featurize_pairs
@@ -209,9 +234,9 @@ def build_seq2seq_trainer(run: Seq2SeqRun, user_train_keys: set[str], *, resume:
     from lmforge.training.distributed import init_distributed
     from lmforge.training.trainer import Trainer
 
-    tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer)
     train, dev, test = load_data(run)
     d = run.data
+    tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer) if run.tokenizer else train_tokenizer(run, train)
 
     def featurize(examples, what: str):
         features, cut_src, cut_tgt = featurize_pairs(examples, tokenizer, max_source_len=d.max_source_len,
@@ -243,7 +268,8 @@ def build_seq2seq_trainer(run: Seq2SeqRun, user_train_keys: set[str], *, resume:
         references = [e.target for e in dev]
 
         def evaluator(m):
-            return rouge_scores(decode_texts(m, tokenizer, dev_features, run.decode, greedy=True), references)
+            greedy = run.decode.dev_strategy == "greedy"
+            return rouge_scores(decode_texts(m, tokenizer, dev_features, run.decode, greedy=greedy), references)
 
     log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)", run.preset,
              len(train), len(dev), len(test), run.train.max_steps, per_epoch)
@@ -285,7 +311,7 @@ def run_train_seq2seq(args: argparse.Namespace) -> int:
     print(f"trained {run.preset} for {run.train.max_steps} steps -> {run.out}")
     if trainer.best is not None:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in trainer.best["record"].items() if k.startswith("rouge"))
-        print(f"best dev at step {trainer.best['step']} (greedy): {shown}")
+        print(f"best dev at step {trainer.best['step']} ({run.decode.dev_strategy}): {shown}")
     if test:
         trainer.model = load_pretrained(run.out).model  # the best model, as saved
         scores = evaluate_test(run, trainer, tokenizer, test)
