@@ -435,6 +435,9 @@ class TaskConfig:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         if self.max_length < 8:
             problems.append(f"max_length={self.max_length} must be >= 8")
+        if self.task == "pair" and self.long_text != "truncate":
+            problems.append(f"long_text={self.long_text!r} applies to single texts (--task sequence); a pair is "
+                            "cut longest-first to max_length, so leave long_text at 'truncate'")
         for name in ("max_chunks", "max_span_width", "doc_stride", "max_query_length", "max_answer_length",
                      "n_best"):
             if getattr(self, name) < 1:

@@ -68,6 +68,12 @@ def test_pair_uses_segment_ids_and_longest_first():
     assert feature["segments"] == [[0] * 5 + [1] * 3] and task.truncated == 1
 
 
+@pytest.mark.parametrize("mode", ["head-tail", "chunks"])
+def test_pairs_refuse_the_single_text_long_modes(mode):
+    with pytest.raises(LmforgeError, match="long_text=.*single texts"):
+        TaskConfig(task="pair", long_text=mode)
+
+
 def test_chunked_documents_are_classified_by_their_mean_window_logits():
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=TOKENIZER.vocab_size, d_model=12, n_heads=2, n_layers=1, d_ff=37, max_seq_len=16,

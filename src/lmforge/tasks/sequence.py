@@ -114,10 +114,14 @@ class SequenceTask(Task):
             features.append(feature)
         self.truncated = cut
         if cut:
-            how = {"truncate": "truncated", "head-tail": "cut to their head and tail",
-                   "chunks": f"cut at {c.max_chunks} windows"}[c.long_text if not self.pair else "truncate"]
-            log.warning("%d of %d examples are longer than max_length=%d tokens and were %s (--long-text "
-                        "truncate|head-tail|chunks, --max-length)", cut, len(examples), c.max_length, how)
+            if self.pair:
+                log.warning("%d of %d pairs are longer than max_length=%d tokens and were cut longest-first "
+                            "(--max-length)", cut, len(examples), c.max_length)
+            else:
+                how = {"truncate": "truncated", "head-tail": "cut to their head and tail",
+                       "chunks": f"cut at {c.max_chunks} windows"}[c.long_text]
+                log.warning("%d of %d examples are longer than max_length=%d tokens and were %s (--long-text "
+                            "truncate|head-tail|chunks, --max-length)", cut, len(examples), c.max_length, how)
         return features
 
     def _fit(self, ids: list[int], room: int) -> tuple[list[list[int]], bool]:
