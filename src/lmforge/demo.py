@@ -120,9 +120,24 @@ def training_split() -> tuple[list[Path], list[Path]]:
     return [files[i] for i in train], [files[i] for i in test]
 
 
+MARKER = ".lmforge-demo"  # marks a folder that a demo run made, and that the next demo run may replace
+
+
+def replace_demo_folder(out: Path) -> None:
+    """Start the demo in an empty ``out``: a previous demo's folder is deleted, anything else is refused."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise LmforgeError(f"{out} is not empty and was not made by the demo; choose another --out (the demo "
+                               "replaces its folder at each run)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by `python -m lmforge.demo`; the next demo run replaces this folder\n",
+                              encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/demo", help="output folder (replaced by each demo run)")
+    parser.add_argument("--out", default="runs/demo", help="output folder (replaced by each demo run; a folder the demo did not make is refused)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--steps", type=int, default=120, help="pretraining steps (about 2 s each on 2 cores)")
     parser.add_argument("--compare-config", default=str(DEFAULT_COMPARE), help="the comparison's TOML")
@@ -136,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         texts = [t for _, t in read_texts(train_files, stats)]
         print(f"BBC News training split ({len(train_files)} articles; {len(test_files)} held out): "
               f"{stats.summary()}")
-        if out.exists():
-            shutil.rmtree(out)  # the demo's own folder: each run starts clean
+        replace_demo_folder(out)
         tokenizer_dir = train_tokenizers(texts, out, args.vocab_size)
         pretrained = pretrain(tokenizer_dir, train_files, out, args.steps)
         compare(Path(args.compare_config), out, tokenizer_dir, pretrained)
