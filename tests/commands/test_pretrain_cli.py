@@ -47,6 +47,15 @@ def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, c
     if objective != "clm":
         assert main(["embed", "--model", str(out), "--input", str(prepared / "tok" / "vocab.txt"),
                      "--out", str(tmp_path / "e.npy")]) == 0
+    else:  # the causal-LM run continues prompts with lmforge generate, greedy (cached == uncached) and sampled
+        capsys.readouterr()
+        texts = []
+        for flags in ([], ["--no-cache"], ["--strategy", "sample", "--top-p", "0.9", "--seed", "1"]):
+            assert main(["generate", "--model", str(out), "--prompt", "the company said", "--max-new-tokens", "6",
+                         "--json", *flags]) == 0
+            [line] = capsys.readouterr().out.strip().splitlines()
+            texts.append(json.loads(line))
+        assert texts[0] == texts[1] and texts[0]["prompt"] == "the company said"
 
 
 def test_config_file_flags_and_overrides(prepared, tmp_path, capsys):
