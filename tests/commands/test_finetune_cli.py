@@ -187,6 +187,20 @@ def test_freeze_all_trains_only_the_head(tiny_encoder_dir, tmp_path):
         assert torch.equal(after[f"backbone.{name}"], tensor), name
 
 
+def test_a_hugging_face_bert_folder_fine_tunes_from_its_weights(tiny_encoder_dir, tmp_path):
+    hf_dir = tmp_path / "hf-bert"  # the tiny encoder in Hugging Face's layout (config.json, model.safetensors, vocab)
+    assert main(["-q", "convert", "--to-hf", str(tiny_encoder_dir), "--out", str(hf_dir)]) == 0
+    assert json.loads((hf_dir / "config.json").read_text())["model_type"] == "bert"
+    train, dev = write_task_data(tmp_path, "sequence", 16, 8)
+    out = tmp_path / "from-hf"
+    assert _finetune(hf_dir, "sequence", train, dev, out, "--freeze", "all") == 0
+    before = load_pretrained(tiny_encoder_dir).model.state_dict()
+    after = load_pretrained(out).model.state_dict()
+    for name, tensor in before.items():  # the frozen backbone is the HF folder's weights, unchanged
+        assert torch.equal(after[f"backbone.{name}"], tensor), name
+    assert (out / "vocab.txt").read_text() == (tiny_encoder_dir / "vocab.txt").read_text()
+
+
 def test_interrupted_finetune_resumes_to_the_same_model(tiny_encoder_dir, tmp_path, monkeypatch):
     from lmforge.training.trainer import Trainer
 
