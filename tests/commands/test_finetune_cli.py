@@ -152,6 +152,13 @@ def test_preset_needs_a_tokenizer(tmp_path, capsys):
     assert "--tokenizer" in capsys.readouterr().err
 
 
+def test_head_options_point_to_the_task_section(tmp_path, capsys):
+    train = write_sequence(tmp_path / "train.csv", 8, 0)
+    assert _run("finetune", "--task", "token", "--model", "bert-tiny", "--train", str(train), "--out",
+                str(tmp_path / "out"), "--head.crf=true") == 2
+    assert "--task.crf=true (or --crf)" in capsys.readouterr().err
+
+
 def test_preset_trains_from_scratch_with_a_tokenizer(tiny_encoder_dir, tmp_path):
     train = write_sequence(tmp_path / "train.csv", 8, 0)
     code = _run("finetune", "--task", "sequence", "--model", "bert-tiny", "--tokenizer", str(tiny_encoder_dir),

@@ -100,6 +100,10 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
              if getattr(args, name, None) is not None]
     if getattr(args, "crf", None):
         flags.append("task.crf=true")
+    head_keys = [o.split("=", 1)[0] for o in args.overrides if o.startswith("--head.") or o.startswith("head.")]
+    if head_keys or "head" in values:
+        raise LmforgeError(f"{', '.join(head_keys) or '[head]'}: the head's options live in the task section, e.g. "
+                           "--task.crf=true (or --crf), --task.max_span_width=6, --task.word_pooling=mean")
     values = apply_overrides(values, flags + list(args.overrides))
     run = from_dict(FinetuneRun, values, where=args.config or "finetune")
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
