@@ -3,9 +3,12 @@
 Every model writes an article's title from its first ``--max-source-len`` word pieces, on the fixed split of
 ``lmforge.data.seq2seq.headline_split`` (per topic: 85% train, 5% dev, 10% test). Same tokenizer (trained here on
 the training articles), epochs, batch, label smoothing 0.1 and decoding (beam 4, GNMT length penalty 0.6) for all;
-ROUGE-1/2/L F1 on the test articles with the rouge-score package, and the training time.
+ROUGE-1/2/L F1 on the test articles with the rouge-score package, and the training time. Two baselines put the
+numbers in context: "lead" copies the article's first N words (N = the mean title length of the training
+articles, the classic extractive baseline of headline generation), and "first sentence" copies the article's
+first sentence.
 
-    .venv/bin/python benchmarks/bench_headlines.py [--epochs 3] [--variants transformer,additive,...]
+    .venv/bin/python benchmarks/bench_headlines.py [--epochs 3] [--variants transformer,additive,...] [--quick]
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import machine_description, print_machine, reproduce_command  # noqa: E402
+from common import machine_description, markdown_table, print_machine, reproduce_command  # noqa: E402
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
 
@@ -31,8 +34,12 @@ def main() -> int:
     parser.add_argument("--max-source-len", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--variants", default="transformer," + ",".join(SCORES) + ",general-local")
+    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-headlines"))
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.2 epochs of two variants")
     args = parser.parse_args()
+    if args.quick:
+        args.epochs, args.variants = 0.2, "transformer,general"
 
     import torch
 
@@ -46,24 +53,35 @@ def main() -> int:
     )
     from lmforge.config import TrainConfig
     from lmforge.data.corpora import bbc_news_dir
+    from lmforge.data.sentences import split_sentences
     from lmforge.data.seq2seq import bbc_headlines, headline_split
+    from lmforge.metrics import rouge_scores
     from lmforge.models.pretrained import load_pretrained
     from lmforge.tokenizers import WordPieceTrainer
 
     setup_logging(quiet=True)
     machine = machine_description()
     print_machine(machine)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     examples = bbc_headlines(bbc_news_dir())
-    train, _, _ = headline_split(examples)
+    train, _, test_idx = headline_split(examples)
+    references = [examples[i].target for i in test_idx]
+    lead_n = round(sum(len(examples[i].target.split()) for i in train) / len(train))
+    baselines = {f"lead-{lead_n} (baseline)": [" ".join(examples[i].source.split()[:lead_n]) for i in test_idx],
+                 "first sentence (baseline)": [(split_sentences(examples[i].source) or [""])[0] for i in test_idx]}
+    rows = []
+    for name, predictions in baselines.items():
+        row = {"variant": name, "params": 0, "train_seconds": 0.0, "decode_seconds": 0.0, "steps": 0,
+               **{k: round(v, 2) for k, v in rouge_scores(predictions, references).items()}}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     tokenizer_dir = out / "tokenizer"
     if not (tokenizer_dir / "vocab.txt").is_file():
         texts = [examples[i].source + "\n" + examples[i].target for i in train]
         WordPieceTrainer(8000, algorithm="bpe-count").train(texts).save_pretrained(tokenizer_dir, overwrite=True)
     d = args.d_model
-    rows = []
     for variant in args.variants.split(","):
         if variant == "transformer":
             preset, model = "transformer-base", {"d_model": d, "n_heads": 4, "n_layers": 2, "n_decoder_layers": 2,
@@ -94,15 +112,20 @@ def main() -> int:
                "steps": trainer.step, **{k: round(v, 2) for k, v in scores.items()}}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| model | params | ROUGE-1 | ROUGE-2 | ROUGE-L | train s | test decode s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['variant']} | {r['params'] / 1e6:.1f}M | {r['rouge1']:.2f} | {r['rouge2']:.2f} | "
-              f"{r['rougeL']:.2f} | {r['train_seconds']:.0f} | {r['decode_seconds']:.0f} |")
+    print(f"\n{len(train)} training articles, {len(references)} test articles; {args.epochs:g} epochs, beam 4, "
+          "GNMT length penalty 0.6\n")
+    table = [[r["variant"], f"{r['params'] / 1e6:.2f}M" if r["params"] else "-", f"{r['rouge1']:.2f}",
+              f"{r['rouge2']:.2f}", f"{r['rougeL']:.2f}", r["steps"] or "-",
+              f"{r['train_seconds']:.0f}" if r["params"] else "-", f"{r['decode_seconds']:.0f}" if r["params"] else "-"]
+             for r in rows]
+    print(markdown_table(["model", "params", "ROUGE-1", "ROUGE-2", "ROUGE-L", "steps", "train s", "test decode s"],
+                         table, "llrrrrrr"))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    (results / "headlines.json").write_text(json.dumps({"command": reproduce_command(__file__, sys.argv[1:]),
-                                                        "machine": machine, "rows": rows}, indent=2) + "\n")
+    name = "headlines-quick.json" if args.quick else "headlines.json"
+    (results / name).write_text(json.dumps({"command": reproduce_command(__file__, sys.argv[1:]), "machine": machine,
+                                            "epochs": args.epochs, "test_articles": len(references),
+                                            "rows": rows}, indent=2) + "\n")
     print(f"\ncommand: {reproduce_command(__file__, sys.argv[1:])}")
     return 0
 

@@ -3,7 +3,7 @@
 Streaming means memory stays bounded by one shard, never the corpus: the peak resident memory of the
 preparing process and of its largest worker should stay about flat when the corpus grows 10x.
 
-    .venv/bin/python benchmarks/bench_prepare.py [--copies 10] [--workers 2] [--shard-tokens 2000000]
+    .venv/bin/python benchmarks/bench_prepare.py [--copies 10] [--workers 2] [--shard-tokens 2000000] [--quick]
 
 Each size runs in a fresh subprocess; the corpus copies are written to a temporary folder (BBC's 2,225 files
 repeated, each copy a separate set of documents).
@@ -50,11 +50,14 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--shard-tokens", type=int, default=2_000_000)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: a corpus 2x BBC News instead of 10x")
     parser.add_argument("--_child", nargs=3, metavar=("CORPUS", "TOKENIZER", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
         child(*args._child, args.workers, args.shard_tokens)
         return
+    if args.quick:
+        args.copies = 2
 
     from lmforge.data.corpora import bbc_news_dir
     from lmforge.tokenizers import WordPieceTrainer
