@@ -137,7 +137,8 @@ def replace_demo_folder(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/demo", help="output folder (replaced by each demo run; a folder the demo did not make is refused)")
+    parser.add_argument("--out", default="runs/demo",
+                        help="output folder (replaced by each demo run; a folder the demo did not make is refused)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--steps", type=int, default=120, help="pretraining steps (about 2 s each on 2 cores)")
     parser.add_argument("--compare-config", default=str(DEFAULT_COMPARE), help="the comparison's TOML")
