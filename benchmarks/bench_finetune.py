@@ -471,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cmd_args = list(argv if argv is not None else sys.argv[1:])
     command = reproduce_command(__file__, cmd_args)
+    if args.work:  # the project speaks only of itself: the work folder is $WORK in what is printed and saved
+        command = command.replace(str(args.work), "$WORK").replace(str(work), "$WORK")
     end_load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print("# Fine-tuning on real data: lmforge vs Hugging Face transformers\n")
     print("Command (from the repository root):\n")

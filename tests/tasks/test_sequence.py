@@ -122,3 +122,14 @@ def test_regression_and_label_errors(tmp_path):
     one = make_task(TaskConfig(task="sequence"))
     with pytest.raises(LmforgeError, match="single label"):
         one.fit_labels(one.read(str(single)))
+
+
+def test_the_classifier_starts_as_berts_on_an_encoder():
+    from lmforge.heads.classification import build_sequence_head
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=99, d_model=384, n_heads=2, n_layers=1, d_ff=37, max_seq_len=16)
+    head = build_sequence_head(config, Encoder(config), labels=[str(i) for i in range(50)])
+    weight = head.classifier.weight
+    assert torch.count_nonzero(head.classifier.bias) == 0  # google-research/bert: zeros, N(0, 0.02) weights
+    assert abs(weight.std().item() - 0.02) < 0.001 and weight.abs().max().item() > 1 / 384 ** 0.5  # not uniform

@@ -39,9 +39,13 @@ class SequenceClassificationHead(nn.Module):
         labels: the class names (C = len(labels)); ignored for regression.
         regression: one output trained with the squared error (sum over documents, averaged by the Trainer).
         dropout: on the pooled vector (BERT fine-tuning: 0.1).
+        init_std: the classifier's weights are drawn from N(0, init_std^2) and its bias starts at zero, as
+            google-research/bert initialises its classification layer (0.02); None keeps PyTorch's default
+            (uniform), which the RNN classifier uses.
     """
 
-    def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1) -> None:
+    def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1,
+                 init_std: float | None = 0.02) -> None:
         super().__init__()
         if not regression and len(labels) < 2:
             raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
@@ -49,6 +53,9 @@ class SequenceClassificationHead(nn.Module):
         self.labels, self.regression = list(labels), regression
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
+        if init_std is not None:
+            nn.init.normal_(self.classifier.weight, std=init_std)
+            nn.init.zeros_(self.classifier.bias)
 
     def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None
                 ) -> SequenceClassificationOutput:
@@ -80,4 +87,5 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
         raise LmforgeError(f"sequence classification reads the pooled [CLS] vector, which a {config.arch} backbone "
                            "does not have; use an encoder (a bert-* preset or a BERT checkpoint)")
     return SequenceClassificationHead(config.d_model, labels, regression=regression,
-                                      dropout=config.dropout if dropout is None else dropout)
+                                      dropout=config.dropout if dropout is None else dropout,
+                                      init_std=config.init_std if config.arch == "encoder" else None)
