@@ -140,6 +140,30 @@ def test_skipgram_step_is_sgd_on_pair_loss(share):
                                rtol=0)
 
 
+def test_skipgram_damps_only_the_rows_used_more_than_the_cap():
+    torch.manual_seed(0)
+    model = SkipGram(5, 7, max_row_updates=6.0)  # 5 words: every word is used many times in the batch
+    model.output_vectors.data.normal_()
+    batch = _tiny_batch(3, vocab=5)
+    with torch.enable_grad():
+        model.requires_grad_(True)
+        model.pair_loss(batch)[0].backward()
+        model.requires_grad_(False)
+    g = batch.share  # count each word's uses by enumerating the pairs
+    block, row, col = batch.pairs.nonzero(as_tuple=True)
+    context, center, negatives = batch.rows[block, row], batch.targets[block, col], batch.targets[block, g:]
+    uses_in = torch.bincount(context, minlength=5).float()
+    uses_out = (torch.bincount(center, minlength=5)
+                + torch.bincount(negatives[negatives != center[:, None]], minlength=5)).float()
+    assert (uses_in > 6).any() and (uses_out > 6).any()
+    before_in, before_out = model.input_vectors.clone(), model.output_vectors.clone()
+    model.sgd_step(batch, lr=0.1)
+    for moved, grad, uses in ((model.input_vectors - before_in, model.input_vectors.grad, uses_in),
+                              (model.output_vectors - before_out, model.output_vectors.grad, uses_out)):
+        scale = (6.0 / uses.clamp(min=6.0))[:, None]  # 1 for rows at or below the cap
+        torch.testing.assert_close(moved, -0.1 * grad * scale, atol=1e-6, rtol=0)
+
+
 def test_cbow_step_follows_the_c_tool():
     torch.manual_seed(0)
     model = CBOW(13, 7)

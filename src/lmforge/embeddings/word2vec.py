@@ -34,6 +34,14 @@ What follows the C tool (word2vec.c) and gensim, and where this code deviates:
   (the same idea as the per-window sharing of Ji et al., 2016, "Parallelizing Word2Vec in Shared and
   Distributed Memory", and BlazingText's, Gupta and Khare, 2017, at a larger scale). With g = 1, CBOW is the
   C tool's model (one draw per centre word) and skip-gram shares the draw within a window, as Ji et al. do.
+- **Deviation, hot rows are damped**: because a batch's updates are computed from the same (stale) parameters
+  and summed, a word that takes part in very many pairs of one batch (a frequent word as a negative: it is drawn
+  for many blocks, each shared by dozens of pairs) would take one huge step where the C tool takes many small
+  ones, each seeing the previous one's effect; on small vocabularies (e.g. 8,000 word pieces) this made training
+  diverge (vectors of norm 1e6). So each row's summed update is scaled by ``min(1, max_row_updates / n)``, n
+  being the number of pairs (CBOW: centre words) it takes part in within the batch: a row moves at most as far
+  as ``max_row_updates`` pairs' worth of stale gradient per batch. Rows below the cap (nearly all) get exactly
+  the summed SGD update; ``max_row_updates=None`` switches the damping off.
 - **CBOW update**: the error of the averaged context vector is added unscaled to every context word's input
   vector, as in the C tool and gensim (the exact gradient of the mean would divide it by the number of
   context words).
@@ -195,6 +203,17 @@ def _negative_ok(targets: Tensor, share: int) -> Tensor:
     return (targets[:, :share, None] != targets[:, None, share:]).float()
 
 
+def _damp_rows(update: Tensor, index: Tensor, uses: Tensor, cap: float | None) -> Tensor:
+    """Scale the updates (M, D) of rows ``index`` (M,) so that no word's summed update counts more than ``cap``
+    uses: a word with n > cap uses in the batch (``uses`` (M,), summed per word) gets ``cap / n`` of each."""
+    if cap is None:
+        return update
+    size = int(index.max()) + 1 if index.numel() else 0
+    per_word = torch.zeros(size, dtype=update.dtype, device=update.device).index_add_(0, index, uses.to(update.dtype))
+    scale = cap / per_word.clamp(min=cap)  # (size,) 1 for words at or below the cap
+    return update * scale.index_select(0, index)[:, None]
+
+
 def _signed_softplus(s: Tensor, share: int, positive: Tensor, negative: Tensor) -> Tensor:
     """sum of ``positive * -log sigma(s[..., :g]) + negative * -log sigma(-s[..., g:])``."""
     return (F.softplus(-s[..., :share]) * positive).sum() + (F.softplus(s[..., share:]) * negative).sum()
@@ -216,9 +235,11 @@ class SkipGram(nn.Module):
         generator: torch generator for the initialisation.
     """
 
-    def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None) -> None:
+    def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None,
+                 max_row_updates: float | None = None) -> None:
         super().__init__()
         self.input_vectors, self.output_vectors = _init_tables(vocab_size, dim, generator)
+        self.max_row_updates = max_row_updates
 
     def pair_loss(self, batch: BlockBatch) -> tuple[Tensor, int]:
         """Summed loss over the batch's (context, centre) pairs, pair by pair, and the number of pairs."""
@@ -253,8 +274,11 @@ class SkipGram(nn.Module):
         grad.mul_(lr)
         dx = torch.bmm(grad, t)  # (N, L, D)
         dt = torch.bmm(grad.transpose(1, 2), x)  # (N, g+K, D)
-        self.output_vectors.index_add_(0, targets, dt.view(-1, dim))
-        self.input_vectors.index_add_(0, rows, dx.view(-1, dim))
+        target_pairs = torch.cat([pairs.sum(1), neg_weight.sum(1)], dim=1)  # (N, g+K) pairs each target serves
+        dt = _damp_rows(dt.view(-1, dim), targets, target_pairs.view(-1), self.max_row_updates)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), self.max_row_updates)
+        self.output_vectors.index_add_(0, targets, dt)
+        self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(batch.pairs.sum())
 
 
@@ -273,9 +297,11 @@ class CBOW(nn.Module):
         generator: torch generator for the initialisation.
     """
 
-    def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None) -> None:
+    def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None,
+                 max_row_updates: float | None = None) -> None:
         super().__init__()
         self.input_vectors, self.output_vectors = _init_tables(vocab_size, dim, generator)
+        self.max_row_updates = max_row_updates
 
     def center_loss(self, batch: BlockBatch) -> tuple[Tensor, int]:
         """Summed loss over the batch's centre words (those with a context), one at a time, and their number."""
@@ -317,8 +343,11 @@ class CBOW(nn.Module):
         dh = torch.bmm(grad, t)  # (N, g, D)
         dx = torch.bmm(pairs, dh)  # (N, L, D): every context word gets its centre's whole error (C tool)
         dt = torch.bmm(grad.transpose(1, 2), h)  # (N, g+K, D)
-        self.output_vectors.index_add_(0, targets, dt.view(-1, dim))
-        self.input_vectors.index_add_(0, rows, dx.view(-1, dim))
+        target_uses = torch.cat([has_context, negative.sum(1)], dim=1)  # (N, g+K) centre words each target serves
+        dt = _damp_rows(dt.view(-1, dim), targets, target_uses.view(-1), self.max_row_updates)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), self.max_row_updates)
+        self.output_vectors.index_add_(0, targets, dt)
+        self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(has_context.sum())
 
 
@@ -341,6 +370,7 @@ class Word2VecConfig:
     epochs: int = 5
     batch_size: int = 1024  # centre words per update
     share_negatives: int = 8  # consecutive centre words that share one draw of K negatives
+    max_row_updates: float | None = 64.0  # a word's summed update per batch counts at most this many pairs
     workers: int = 2
     seed: int = 1
     chunk_words: int = 50_000  # corpus words per chunk (the unit of work of a thread)
@@ -353,6 +383,8 @@ class Word2VecConfig:
                      "chunk_words"):
             if getattr(self, name) < 1:
                 raise LmforgeError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.max_row_updates is not None and self.max_row_updates <= 0:
+            raise LmforgeError(f"max_row_updates={self.max_row_updates} must be positive (or None: no damping)")
         if not 0 <= self.sample < 1:
             raise LmforgeError(f"sample={self.sample} must be in [0, 1); 0 disables subsampling")
         if not 0 < self.alpha or not 0 <= self.min_alpha <= self.alpha:
@@ -519,7 +551,8 @@ def train_word2vec(corpus: EncodedCorpus, vocab: Vocabulary, config: Word2VecCon
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # parallel by worker threads; intra-op threads would spin against them
     generator = torch.Generator().manual_seed(config.seed)
-    model = MODELS[config.architecture](len(vocab), config.dim, generator=generator).to(parse_device(config.device))
+    model = MODELS[config.architecture](len(vocab), config.dim, generator=generator,
+                                        max_row_updates=config.max_row_updates).to(parse_device(config.device))
     bar = tqdm(total=config.epochs * corpus.total_words, unit="word", unit_scale=True, disable=not progress,
                desc=f"word2vec {config.architecture}")
     run = _Run(model, corpus, vocab, config, bar)
