@@ -6,8 +6,12 @@ the tokenizer, pretraining and the static vectors, so the test articles stay uns
 1. Train WordPiece tokenizers with the likelihood score and by pair count; show encoded examples, vocabulary
    sizes and pieces per word.
 2. Tokenize the training articles into shards (``lmforge data prepare``).
-3. Pretrain a bert-mini with BERT's recipe (MLM + NSP) for a few minutes; MLM accuracy, perplexity and NSP
-   accuracy on held-out documents before and after, with the loss curve saved as a PNG.
+3. Pretrain a bert-mini with BERT's recipe (MLM + NSP) for a few minutes, on 64-token pairs (the length the
+   comparison fine-tunes on); MLM accuracy, perplexity and NSP accuracy on held-out documents before and after,
+   with the loss curve saved as a PNG. A few CPU minutes are far from a real pretraining: BERT from scratch first
+   sits on a plateau where it predicts the unigram distribution and every input gets nearly the same vector (a
+   120-step run at 128 tokens ended there and could not be fine-tuned at all); 300 steps at 64 tokens leave it,
+   and the MiniLM rows of the comparison show what a real pretraining gives.
 4. The comparison (``lmforge compare``, configs/compare-demo.toml): classifiers trained from scratch, from
    Word2Vec / GloVe vectors trained here, on a frozen MiniLM, and by fine-tuning our bert-mini and MiniLM, on
    10 and 50 articles per class; ending with the table, the CSV and the learning curve.
@@ -61,7 +65,7 @@ def train_tokenizers(texts: list[str], out: Path, vocab_size: int) -> Path:
     return out / "tokenizer-bpe-count"
 
 
-def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int) -> Path:
+def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int, seq_len: int = 64) -> Path:
     from lmforge.commands.pretrain import PretrainRun, build_trainer
     from lmforge.config import DataConfig, TrainConfig
     from lmforge.data.shards import prepare_corpus
@@ -74,12 +78,13 @@ def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int) -> P
     print(f"\n== shards: {counts['documents']:,} documents, {counts['sentences']:,} sentences, "
           f"{counts['tokens']:,} tokens in {time.perf_counter() - start:.1f} s -> {data_dir}")
     run = PretrainRun(
-        preset="bert-mini", out=str(out / "bert-mini"), model={"max_seq_len": 128},
-        data=DataConfig(path=str(data_dir), objective="mlm+nsp", seq_len=128, max_predictions=20),
+        preset="bert-mini", out=str(out / "bert-mini"), model={"max_seq_len": seq_len},
+        data=DataConfig(path=str(data_dir), objective="mlm+nsp", seq_len=seq_len,
+                        max_predictions=max(1, round(0.15 * seq_len))),
         train=TrainConfig(max_steps=steps, batch_size=32, lr=1e-3, warmup_ratio=0.1, eval_every=max(steps // 4, 1),
                           eval_batches=8, log_every=10, save_every=0))
     trainer = build_trainer(run, overwrite=True)
-    print(f"\n== pretraining bert-mini (MLM + NSP, {steps} steps of 32 x 128) -> {run.out}")
+    print(f"\n== pretraining bert-mini (MLM + NSP, {steps} steps of 32 x {seq_len}) -> {run.out}")
     before = trainer.evaluate()
     start = time.perf_counter()
     after = trainer.fit()
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/demo",
                         help="output folder (replaced by each demo run; a folder the demo did not make is refused)")
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--steps", type=int, default=120, help="pretraining steps (about 2 s each on 2 cores)")
+    parser.add_argument("--steps", type=int, default=300, help="pretraining steps (about 0.5 s each on 2 cores)")
     parser.add_argument("--compare-config", default=str(DEFAULT_COMPARE), help="the comparison's TOML")
     args = parser.parse_args(argv)
     setup_logging()
