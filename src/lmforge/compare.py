@@ -86,7 +86,8 @@ class CompareConfig:
     pretrained: str = ""
     max_length: int = 128
     vectors_dim: int = 128
-    vectors_epochs: int = 5
+    vectors_epochs: int = 5  # Word2Vec epochs (gensim's default)
+    glove_epochs: int = 30  # GloVe needs many more passes (Pennington et al. ran 50 for under 300 dimensions)
     vectors_window: int = 5
     keep_models: bool = False
     approach: list[Approach] = field(default_factory=list)
@@ -195,7 +196,8 @@ def check_sources(config: CompareConfig) -> None:
 
 
 SETUP_KEYS = ("data", "text_column", "label_column", "test_fraction", "split_seed", "max_test", "tokenizer",
-              "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "vectors_window")
+              "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "glove_epochs",
+              "vectors_window")
 CONFIG_NAME, RUNS_NAME = "compare-config.json", "runs.jsonl"
 
 
@@ -342,7 +344,8 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
             tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
             sentences = [tokenizer.tokenize(t) for t in train_texts]
         start = time.perf_counter()
-        train_static_vectors(kind, sentences, vectors[kind], dim=config.vectors_dim, epochs=config.vectors_epochs,
+        epochs = config.glove_epochs if kind == "glove" else config.vectors_epochs
+        train_static_vectors(kind, sentences, vectors[kind], dim=config.vectors_dim, epochs=epochs,
                              window=config.vectors_window, seed=config.split_seed)
         vector_seconds[kind] = time.perf_counter() - start
         atomic_write_text(seconds_path, json.dumps(vector_seconds) + "\n")
