@@ -41,7 +41,10 @@ What follows the C tool (word2vec.c) and gensim, and where this code deviates:
   diverge (vectors of norm 1e6). So each row's summed update is scaled by ``min(1, max_row_updates / n)``, n
   being the number of pairs (CBOW: centre words) it takes part in within the batch: a row moves at most as far
   as ``max_row_updates`` pairs' worth of stale gradient per batch. Rows below the cap (nearly all) get exactly
-  the summed SGD update; ``max_row_updates=None`` switches the damping off.
+  the summed SGD update; ``max_row_updates=None`` switches the damping off. The default, 256, kept 13 of 13
+  skip-gram runs on BBC word pieces stable (without it 2 of 6 diverged, with 1024 1 of 2) and left BBC
+  word-level vectors as good as undamped (WordSim-353 0.217 against 0.222, SimLex-999 0.114 against 0.112, mean
+  of 3 seeds); a cap of 64 also kept them stable but cost 0.05 on WordSim-353.
 - **CBOW update**: the error of the averaged context vector is added unscaled to every context word's input
   vector, as in the C tool and gensim (the exact gradient of the mean would divide it by the number of
   context words).
@@ -370,7 +373,7 @@ class Word2VecConfig:
     epochs: int = 5
     batch_size: int = 1024  # centre words per update
     share_negatives: int = 8  # consecutive centre words that share one draw of K negatives
-    max_row_updates: float | None = 64.0  # a word's summed update per batch counts at most this many pairs
+    max_row_updates: float | None = 256.0  # a word's summed update per batch counts at most this many pairs
     workers: int = 2
     seed: int = 1
     chunk_words: int = 50_000  # corpus words per chunk (the unit of work of a thread)
