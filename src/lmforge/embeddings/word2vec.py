@@ -206,13 +206,13 @@ def _negative_ok(targets: Tensor, share: int) -> Tensor:
     return (targets[:, :share, None] != targets[:, None, share:]).float()
 
 
-def _damp_rows(update: Tensor, index: Tensor, uses: Tensor, cap: float | None) -> Tensor:
+def _damp_rows(update: Tensor, index: Tensor, uses: Tensor, cap: float | None, vocab_size: int) -> Tensor:
     """Scale the updates (M, D) of rows ``index`` (M,) so that no word's summed update counts more than ``cap``
     uses: a word with n > cap uses in the batch (``uses`` (M,), summed per word) gets ``cap / n`` of each."""
     if cap is None:
         return update
-    size = int(index.max()) + 1 if index.numel() else 0
-    per_word = torch.zeros(size, dtype=update.dtype, device=update.device).index_add_(0, index, uses.to(update.dtype))
+    per_word = torch.zeros(vocab_size, dtype=update.dtype, device=update.device)
+    per_word.index_add_(0, index, uses.to(update.dtype))
     scale = cap / per_word.clamp(min=cap)  # (size,) 1 for words at or below the cap
     return update * scale.index_select(0, index)[:, None]
 
@@ -277,9 +277,10 @@ class SkipGram(nn.Module):
         grad.mul_(lr)
         dx = torch.bmm(grad, t)  # (N, L, D)
         dt = torch.bmm(grad.transpose(1, 2), x)  # (N, g+K, D)
+        cap, vocab = self.max_row_updates, len(self.input_vectors)
         target_pairs = torch.cat([pairs.sum(1), neg_weight.sum(1)], dim=1)  # (N, g+K) pairs each target serves
-        dt = _damp_rows(dt.view(-1, dim), targets, target_pairs.view(-1), self.max_row_updates)
-        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), self.max_row_updates)
+        dt = _damp_rows(dt.view(-1, dim), targets, target_pairs.view(-1), cap, vocab)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab)
         self.output_vectors.index_add_(0, targets, dt)
         self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(batch.pairs.sum())
@@ -346,9 +347,10 @@ class CBOW(nn.Module):
         dh = torch.bmm(grad, t)  # (N, g, D)
         dx = torch.bmm(pairs, dh)  # (N, L, D): every context word gets its centre's whole error (C tool)
         dt = torch.bmm(grad.transpose(1, 2), h)  # (N, g+K, D)
+        cap, vocab = self.max_row_updates, len(self.input_vectors)
         target_uses = torch.cat([has_context, negative.sum(1)], dim=1)  # (N, g+K) centre words each target serves
-        dt = _damp_rows(dt.view(-1, dim), targets, target_uses.view(-1), self.max_row_updates)
-        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), self.max_row_updates)
+        dt = _damp_rows(dt.view(-1, dim), targets, target_uses.view(-1), cap, vocab)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab)
         self.output_vectors.index_add_(0, targets, dt)
         self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(has_context.sum())
