@@ -19,7 +19,9 @@ from lmforge.commands import serve as serve_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.commands import vectors as vectors_cmd
 from lmforge.commands import viz as viz_cmd
+from lmforge.commands.options import annotate_ranges
 from lmforge.errors import LmforgeError
+from lmforge.utils.io import describe_os_error
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -71,10 +73,20 @@ GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepar
               "vectors": "evaluate word vectors (word2vec format)"}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line errors: ``lmforge: error: <command>: <what>; see <command> --help``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"lmforge: error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmforge", description="From attention to transfer learning.")
+    parser = Parser(prog="lmforge", description="From attention to transfer learning.")
     parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print warnings and errors")
+    parser.add_argument("--strict-utf8", action="store_true",
+                        help="refuse input text that is not valid UTF-8 (default: replace the bad bytes by U+FFFD "
+                             "and warn with their count)")
     top = parser.add_subparsers(dest="command", metavar="COMMAND")
     top.required = True
     groups: dict[str, argparse._SubParsersAction] = {}
@@ -90,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                 groups[group].required = True
             sub = groups[group].add_parser(leaf, help=help_text, description=help_text)
         add_arguments(sub)
-        sub.set_defaults(run=run)
+        annotate_ranges(sub)
+        sub.set_defaults(run=run, command_parser=sub)
     return parser
 
 
@@ -141,22 +154,36 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
-    if unknown:
-        dotted = [u for u in unknown if u.startswith("--") and "=" in u and "." in u.split("=", 1)[0]]
-        if hasattr(args, "overrides") and len(dotted) == len(unknown):
-            args.overrides = [*args.overrides, *dotted]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:  # parse errors (and --help) end here with their exit code, also when main() is called in-process
+        args, unknown = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        if unknown:
+            dotted = [u for u in unknown if u.startswith("--") and "=" in u and "." in u.split("=", 1)[0]]
+            if hasattr(args, "overrides") and len(dotted) == len(unknown):
+                args.overrides = [*args.overrides, *dotted]
+            else:
+                getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
     setup_logging(args.quiet)
+    from lmforge.data.text import strict_utf8
+
     try:
-        return args.run(args)
+        with strict_utf8(args.strict_utf8):
+            return args.run(args)
     except LmforgeError as err:
-        print(f"lmforge: error: {err}", file=sys.stderr)
+        print(f"lmforge: error: {_one_line(str(err))}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a read-only, full or missing folder met anywhere: one line, never a traceback
+        print(f"lmforge: error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lmforge: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(message: str) -> str:
+    """Errors that wrap a library's multi-line message keep its first line (the rest is its internals)."""
+    return message.strip().partition("\n")[0]
 
 
 if __name__ == "__main__":

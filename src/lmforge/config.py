@@ -9,7 +9,9 @@ Presets are partial overrides applied to ``ModelConfig``'s defaults; code never 
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -179,7 +181,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise LmforgeError(f"{where}: expected a table of settings, got {value!r}")
         return from_dict(annotation, value, where=where)
-    if origin in (list, tuple):
+    if origin in (list, tuple, collections.abc.Sequence):
         if not isinstance(value, list | tuple):
             raise LmforgeError(f"{where}: expected a list, got {value!r}")
         (item,) = typing.get_args(annotation)[:1] or (Any,)
@@ -225,11 +227,16 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file; errors name the file and the line."""
     path = Path(path)
     if not path.is_file():
-        raise InputFileError(f"{path}: config file not found")
+        raise InputFileError(f"{path}: {'a folder, not a TOML file' if path.is_dir() else 'config file not found'}")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputFileError(f"{path}: not UTF-8 text (bad byte at offset {err.start}); a config file is TOML "
+                             "saved as UTF-8") from None
     except tomllib.TOMLDecodeError as err:
         raise InputFileError(f"{path}: not valid TOML ({err})") from err
+    except RecursionError:  # tomllib recurses into nested arrays and inline tables
+        raise InputFileError(f"{path}: not valid TOML (nested too deeply)") from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -325,8 +332,26 @@ class TrainConfig:
         for name in ("eval_every", "save_every", "keep_last"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0 (0 = off / keep all)")
+        for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "warmup_ratio", "min_lr_ratio", "max_grad_norm"):
+            if not math.isfinite(getattr(self, name)):
+                problems.append(f"{name}={getattr(self, name)} must be a finite number")
+        if problems:  # the range checks below would pass NaN
+            raise LmforgeError("invalid train config: " + "; ".join(problems))
         if self.lr <= 0:
             problems.append(f"lr={self.lr} must be positive")
+        if self.weight_decay < 0:
+            problems.append(f"weight_decay={self.weight_decay} must be >= 0 (0 = none)")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.eps <= 0:
+            problems.append(f"eps={self.eps} must be positive")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.max_grad_norm < 0:
+            problems.append(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0 = no clipping)")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
         if problems:
@@ -446,10 +471,10 @@ class TaskConfig:
             problems.append(f"head_tokens={self.head_tokens} must be in [0, max_length - 2]")
         if not 0.0 < self.layer_decay <= 1.0:
             problems.append(f"layer_decay={self.layer_decay} must be in (0, 1]")
-        if self.head_lr is not None and self.head_lr <= 0:
+        if self.head_lr is not None and not (self.head_lr > 0 and math.isfinite(self.head_lr)):
             problems.append(f"head_lr={self.head_lr} must be positive")
-        if self.epochs <= 0:
-            problems.append(f"epochs={self.epochs} must be positive")
+        if not self.epochs > 0 or not math.isfinite(self.epochs):  # NaN fails every comparison
+            problems.append(f"epochs={self.epochs} must be a positive number")
         if not _valid_freeze(self.freeze):
             problems.append(f"freeze={self.freeze!r} is not one of none, all, embeddings, all-but-last:K (K >= 0)")
         if problems:

@@ -94,4 +94,4 @@ def test_convert_refuses_wrong_direction_and_overwrite(tmp_path, minilm_dir, cap
     assert main(["convert", "--from-hf", str(ours), "--out", str(tmp_path / "x")]) == 2
     assert "already an lmforge model" in capsys.readouterr().err
     assert main(["convert", "--from-hf", str(minilm_dir), "--out", str(ours)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "is not empty" in capsys.readouterr().err

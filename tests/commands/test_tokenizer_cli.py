@@ -55,7 +55,7 @@ def test_existing_output_is_not_overwritten(tmp_path, corpus, capsys):
     assert main(args) == 0
     before = (out / "vocab.txt").read_text()
     assert main([*args[:-4], "--vocab-size", "45", "--out", str(out)]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "is not empty" in capsys.readouterr().err
     assert (out / "vocab.txt").read_text() == before
     assert main([*args[:-4], "--vocab-size", "45", "--out", str(out), "--overwrite"]) == 0
 

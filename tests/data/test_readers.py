@@ -20,6 +20,7 @@ from lmforge.data.readers import (
     stratified_split,
 )
 from lmforge.data.schemes import check_scheme, detect_scheme, tags_to_spans
+from lmforge.data.text import strict_utf8
 from lmforge.errors import InputFileError, LmforgeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,11 +176,19 @@ def test_classification_errors(tmp_path, name, body, pattern):
         read_classification(write(tmp_path, name, body))
 
 
-def test_undecodable_and_missing_files(tmp_path):
-    with pytest.raises(InputFileError, match=r"bad\.csv:2: not valid UTF-8"):
-        read_classification(write(tmp_path, "bad.csv", b"text,label\ncaf\xe9,x\n"))
+def test_undecodable_and_missing_files(tmp_path, caplog):
+    bad = write(tmp_path, "bad.csv", b"text,label\ncaf\xe9,x\n")
+    with strict_utf8(), pytest.raises(InputFileError, match=r"bad\.csv:2: not valid UTF-8"):
+        read_classification(bad)
+    with caplog.at_level("WARNING", logger="lmforge"):  # the default: replaced, counted, warned
+        examples = read_classification(bad)
+    assert examples.examples[0].text == "caf\ufffd"
+    assert "bad.csv: not valid UTF-8 (first at line 2), 1 byte(s) replaced" in caplog.text
     with pytest.raises(InputFileError, match="no such file"):
         read_classification(tmp_path / "missing.csv")
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(InputFileError, match=r"dir\.csv: is a folder, not a file"):
+        read_classification(tmp_path / "dir.csv")
 
 
 # ----------------------------------------------------------------------------------------------- CoNLL

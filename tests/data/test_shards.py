@@ -129,20 +129,47 @@ def test_empty_sentences_and_documents_are_dropped(tmp_path, tokenizer_dir):
     assert m["counts"]["dropped_empty_sentences"] == 3 and m["counts"]["dropped_empty_documents"] == 1
 
 
-def test_overwrite_rules_and_stale_shards(tmp_path, tokenizer_dir, corpus_docs):
+def test_overwrite_moves_the_old_folder_aside(tmp_path, tokenizer_dir, corpus_docs):
     write_lines_file(tmp_path / "a.txt", corpus_docs)
     prepare_corpus(tokenizer_dir, [tmp_path / "a.txt"], tmp_path / "out", workers=1, shard_size_tokens=500,
                    show_progress=False)
     n_before = len(list((tmp_path / "out").glob("shard-*.ids.npy")))
     assert n_before > 1
-    with pytest.raises(LmforgeError, match="already exists.*overwrite"):
+    with pytest.raises(LmforgeError, match="is not empty.*--overwrite"):
         prepare_corpus(tokenizer_dir, [tmp_path / "a.txt"], tmp_path / "out", workers=1, show_progress=False)
     (tmp_path / "out" / "notes.md").write_text("mine")
     prepare_corpus(tokenizer_dir, [tmp_path / "a.txt"], tmp_path / "out", workers=1, overwrite=True,
                    show_progress=False)
-    assert len(list((tmp_path / "out").glob("shard-*.npy"))) == 3  # stale shards removed
-    assert (tmp_path / "out" / "notes.md").read_text() == "mine"  # other files untouched
-    assert not list((tmp_path / "out").glob(".*tmp"))  # no temporary files left
+    assert len(list((tmp_path / "out").glob("shard-*.npy"))) == 3  # a fresh folder: no stale shards
+    (aside,) = tmp_path.glob("out.old-*")  # the old folder, user's file included, kept whole
+    assert (aside / "notes.md").read_text() == "mine"
+    assert len(list(aside.glob("shard-*.ids.npy"))) == n_before
+    assert not list(tmp_path.glob(".out.partial-*"))  # no temporary folder left
+    assert ShardedCorpus(tmp_path / "out").num_documents == len(corpus_docs)
+    assert (tmp_path / "out" / "tokenizer" / "vocab.txt").is_file()
+
+
+def test_interrupted_prepare_leaves_nothing_and_the_next_run_cleans_up(tmp_path, tokenizer_dir, corpus_docs,
+                                                                       monkeypatch, caplog):
+    import lmforge.data.shards as shards
+
+    write_lines_file(tmp_path / "a.txt", corpus_docs)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shards, "_save_npy", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus(tokenizer_dir, [tmp_path / "a.txt"], tmp_path / "out", workers=1, show_progress=False)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
+    monkeypatch.undo()
+    # a kill -9 leaves the hidden partial folder of a dead process: the next run removes it and says so
+    stale = tmp_path / ".out.partial-999999999"
+    (stale / "shard-00000.ids.npy").parent.mkdir()
+    (stale / "shard-00000.ids.npy").write_bytes(b"half")
+    with caplog.at_level("WARNING", logger="lmforge"):
+        prepare_corpus(tokenizer_dir, [tmp_path / "a.txt"], tmp_path / "out", workers=1, show_progress=False)
+    assert not stale.exists() and "left by an interrupted run" in caplog.text
     assert ShardedCorpus(tmp_path / "out").num_documents == len(corpus_docs)
 
 

@@ -164,11 +164,12 @@ def test_bad_inputs(gpt_dir, tmp_path, capsys):
                                               r"context \(max_seq_len=40\)"),
         ([*model, "--prompt", "a", "--strategy", "beam", "--beams", "2", "--top", "3"], "--top 3 exceeds --beams 2"),
         ([*model, "--prompt", "a", "--top", "2"], "greedy search finds one text per prompt"),
-        ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "1.5"], r"top_p=1.5 must be in \(0, 1\]"),
-        ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "0"], r"top_p=0.0 must be in \(0, 1\]"),
+        ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "1.5"], r"--top-p: 1.5 is out of range: expected a number, > 0 and <= 1"),
+        ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "0"], r"--top-p: 0 is out of range"),
         ([*model, "--prompt", "a", "--temperature", "0.5"], "only apply to strategy 'sample'"),
         ([*model, "--prompt", "a", "--stop", "zebra"], "--stop 'zebra' is not in the model's vocabulary"),
         ([*model, "--input", str(tmp_path / "missing.txt")], "no such input file"),
+        ([*model, "--prompt", "a", "--strategy", "beam", "--beams", "0"], r"--beams: 0 is out of range"),
     ]
     for argv, message in cases:
         code, out, err = _cli(argv, capsys)

@@ -75,7 +75,8 @@ def test_output_shapes_and_optional_fields() -> None:
     assert all(h.shape == (B, T, D) for h in full.hidden_states)
     assert all(a.shape == (B, H, T, T) for a in full.attentions)
     torch.testing.assert_close(full.hidden_states[-1], full.last_hidden_state, rtol=0, atol=0)
-    torch.testing.assert_close(full.last_hidden_state, out.last_hidden_state, rtol=0, atol=1e-6)
+    # the attention-returning path takes the math kernel, the other SDPA: equal up to float32 rounding
+    torch.testing.assert_close(full.last_hidden_state, out.last_hidden_state, rtol=0, atol=1e-5)
     torch.testing.assert_close(out.pooled_output, torch.tanh(enc.pooler.dense(out.last_hidden_state[:, 0])))
 
 

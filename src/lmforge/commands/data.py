@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+
+from lmforge.commands.options import Count
 
 
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
@@ -13,21 +14,19 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="input_format", choices=("auto", "lines", "documents"), default="auto",
                    help="lines: one sentence per line, blank lines between documents (BERT's format); "
                         "documents: each file is a document, split into sentences; auto: decide per file")
-    p.add_argument("--workers", type=int, default=None, help="tokenizing processes (default: all cores)")
-    p.add_argument("--shard-tokens", type=int, default=None, metavar="N", help="tokens per shard")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--workers", type=Count(1), default=None, help="tokenizing processes (default: all cores)")
+    p.add_argument("--shard-tokens", type=Count(1), default=None, metavar="N", help="tokens per shard")
+    p.add_argument("--overwrite", action="store_true",
+                   help="move a non-empty --out aside (<name>.old-<time>) and prepare afresh")
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     from lmforge.data.shards import prepare_corpus
-    from lmforge.tokenizers import WordPieceTokenizer
 
     options = {"input_format": args.input_format, "workers": args.workers, "overwrite": args.overwrite}
     if args.shard_tokens is not None:
         options["shard_size_tokens"] = args.shard_tokens
-    manifest = prepare_corpus(args.tokenizer, args.input, args.out, **options)
-    # Keep the tokenizer with the data, so that `lmforge pretrain --data DIR` needs nothing else.
-    WordPieceTokenizer.from_pretrained(args.tokenizer).save_pretrained(Path(args.out) / "tokenizer", overwrite=True)
+    manifest = prepare_corpus(args.tokenizer, args.input, args.out, **options)  # with the tokenizer, in tokenizer/
     counts = manifest.get("counts", manifest)
     print(f"prepared {args.out}: " + ", ".join(f"{k} {v:,}" for k, v in counts.items()
                                                 if isinstance(v, int) and not isinstance(v, bool)))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.commands.options import FRACTION, LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.config import (
     PRESETS,
     TASKS,
@@ -72,18 +73,19 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", metavar="FILE", help="training data (CSV/TSV/JSONL, CoNLL, span JSONL, SQuAD JSON)")
     p.add_argument("--dev", metavar="FILE", help="dev data: evaluated every epoch; the best model is kept")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--max-length", type=int, help="tokens per input, with [CLS]/[SEP] (default 128)")
-    p.add_argument("--warmup-ratio", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-steps", type=int, help="default: epochs x batches per epoch")
+    p.add_argument("--epochs", type=POSITIVE)
+    p.add_argument("--batch-size", type=Count(1))
+    p.add_argument("--lr", type=LEARNING_RATE)
+    p.add_argument("--max-length", type=Count(8), help="tokens per input, with [CLS]/[SEP] (default 128)")
+    p.add_argument("--warmup-ratio", type=FRACTION)
+    p.add_argument("--weight-decay", type=Rate(0.0))
+    p.add_argument("--seed", type=SEED)
+    p.add_argument("--max-steps", type=Count(1), help="default: epochs x batches per epoch")
     p.add_argument("--crf", action="store_true", default=None, help="token task: a linear-chain CRF on the tags")
     p.add_argument("--freeze", metavar="MODE", help="none | all | embeddings | all-but-last:K")
-    p.add_argument("--head-lr", type=float, help="the head's own learning rate")
-    p.add_argument("--layer-decay", type=float, help="layer-wise learning-rate decay factor (e.g. 0.9)")
+    p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate")
+    p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True),
+                   help="layer-wise learning-rate decay factor (e.g. 0.9)")
     p.add_argument("--long-text", choices=("truncate", "head-tail", "chunks"))
     p.add_argument("--scheme", choices=("auto", "BIO", "IOB1", "BIOES"), help="token task: the tag scheme")
     p.add_argument("--text-column", help="default: text")
@@ -212,7 +214,10 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     from lmforge.training.distributed import init_distributed
     from lmforge.training.freeze import freeze, lr_scales
     from lmforge.training.trainer import Trainer
+    from lmforge.utils.io import check_not_input
 
+    check_not_input(run.out, [p for p in (run.model, run.tokenizer, run.train_file, run.dev_file,
+                                          run.task.init_embeddings) if p and Path(p).exists()])
     task = make_task(run.task)
     backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
     if run.task.init_embeddings:
@@ -296,17 +301,18 @@ def load_task_model(directory: str):
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
     p.add_argument("--data", required=True, metavar="FILE", help="labelled data in the task's format")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=Count(1), default=32)
     p.add_argument("--output", metavar="FILE.json", help="also write the metrics here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from lmforge.utils.io import atomic_write_text, check_can_write
+    from lmforge.utils.io import atomic_write_text, prepare_output_file
 
-    model, task, tokenizer = load_task_model(args.model)
     if args.output:
-        check_can_write(Path(args.output), args.overwrite, "a file")
+        prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.model, args.data],
+                            option="--output")
+    model, task, tokenizer = load_task_model(args.model)
     examples = task.read(args.data, labelled=True)
     features = _featurize(task, examples, tokenizer, args.data, training=False)
     metrics = task.metrics(examples, task.predict(model, examples, features, tokenizer, batch_size=args.batch_size))
@@ -321,15 +327,15 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
     p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional)")
     p.add_argument("--output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=Count(1), default=32)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from lmforge.utils.io import atomic_open, check_can_write
+    from lmforge.utils.io import atomic_open, prepare_output_file
 
-    output = Path(args.output)
-    check_can_write(output, args.overwrite, "a file")
+    output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.model, args.input],
+                                 option="--output")
     model, task, tokenizer = load_task_model(args.model)
     examples = task.read(args.input, labelled=False)
     features = _featurize(task, examples, tokenizer, args.input, training=False)

@@ -11,8 +11,16 @@ import io
 import json
 from pathlib import Path
 
+from lmforge.commands.options import Count
+from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_write
+from lmforge.utils.io import (
+    atomic_write_bytes,
+    atomic_write_text,
+    prepare_output_dir,
+    prepare_output_file,
+    staged_output_dir,
+)
 
 WEIGHTS_NAME = "model.safetensors"  # as lmforge.models.pretrained
 POOLINGS = ("none", "mean", "cls")  # as lmforge.embeddings.contextual (checked there too)
@@ -35,8 +43,8 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
                    help="one vector per word instead (words split as the tokenizer splits them), from its first "
                         "sub-word or the mean of its sub-words; writes .npz with arr_I (words, D), words_I and "
                         "spans_I (character start, end) for line I")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, default=None, help="truncate longer inputs (default: the model's)")
+    p.add_argument("--batch-size", type=Count(1), default=32)
+    p.add_argument("--max-length", type=Count(1), default=None, help="truncate longer inputs (default: the model's)")
     p.add_argument("--overwrite", action="store_true")
 
 
@@ -55,15 +63,14 @@ def run_embed(args: argparse.Namespace) -> int:
     want = ".npz" if args.word_pooling or pooling == "none" else ".npy"
     if out.suffix != want:
         raise LmforgeError(f"--out {out}: {what} writes a {want} file; name it *{want}")
-    check_can_write(out, args.overwrite)
+    prepare_output_file(out, overwrite=args.overwrite, inputs=[args.model, args.input])
     layers = parse_layers(args.layers)
+    lines = read_user_text(args.input, "input file").splitlines()
+    if not any(line.strip() for line in lines):
+        raise InputFileError(f"{args.input}: the file holds no text; write one text per line")
     loaded = load_pretrained(args.model, with_head=False)
     if loaded.tokenizer is None:
         raise InputFileError(f"{args.model}: no vocab.txt in the model folder; save the model with its tokenizer")
-    path = Path(args.input)
-    if not path.is_file():
-        raise InputFileError(f"{path}: no such input file")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     buffer = io.BytesIO()
     if args.word_pooling:
         from lmforge.embeddings.contextual import embed_words
@@ -108,24 +115,25 @@ def run_convert(args: argparse.Namespace) -> int:
 
     from lmforge.models.pretrained import dedupe_tied, load_pretrained, read_config, save_pretrained
 
-    out = Path(args.out)
-    check_can_write(out / WEIGHTS_NAME, args.overwrite, "a model")
+    source = args.from_hf or args.to_hf
+    out = prepare_output_dir(args.out, overwrite=args.overwrite, inputs=[source], create=False)
     if args.from_hf:
         raw = read_config(args.from_hf)
         if raw.get("format") == "lmforge":
             raise LmforgeError(f"{args.from_hf} is already an lmforge model; use --to-hf to export it")
         loaded = load_pretrained(args.from_hf)
-        save_pretrained(loaded.model, out, config=loaded.config, head=loaded.head, tokenizer=loaded.tokenizer,
-                        overwrite=args.overwrite)
+        with staged_output_dir(out) as tmp:
+            save_pretrained(loaded.model, tmp, config=loaded.config, head=loaded.head, tokenizer=loaded.tokenizer)
         print(f"converted {args.from_hf} ({loaded.config.arch}, {loaded.config.n_layers} layers) -> {out}")
         return 0
     loaded = load_pretrained(args.to_hf)
     hf_config, hf_state = export_to_hf(loaded)
     tensors, _ = dedupe_tied(hf_state)
-    atomic_write_bytes(out / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
-    atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2) + "\n")
-    if loaded.tokenizer is not None:
-        loaded.tokenizer.save_pretrained(out, overwrite=True)
+    with staged_output_dir(out) as tmp:
+        atomic_write_bytes(tmp / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
+        atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
+        if loaded.tokenizer is not None:
+            loaded.tokenizer.save_pretrained(tmp)
     print(f"exported {args.to_hf} -> {out} (Hugging Face {hf_config['model_type']} layout)")
     return 0
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.commands.options import LEARNING_RATE, SEED, Count
 from lmforge.config import (
     OBJECTIVES,
     PRECISIONS,
@@ -62,16 +63,16 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")
     p.add_argument("--tokenizer", metavar="DIR", help="default: the tokenizer saved in the data folder")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, help="sequences per optimizer step (all processes together)")
-    p.add_argument("--micro-batch-size", type=int, help="sequences per forward pass (gradient accumulation)")
-    p.add_argument("--seq-len", type=int)
+    p.add_argument("--max-steps", type=Count(1))
+    p.add_argument("--batch-size", type=Count(1), help="sequences per optimizer step (all processes together)")
+    p.add_argument("--micro-batch-size", type=Count(1), help="sequences per forward pass (gradient accumulation)")
+    p.add_argument("--seq-len", type=Count(8))
     p.add_argument("--masking", choices=("token", "whole_word", "span"))
-    p.add_argument("--lr", type=float)
+    p.add_argument("--lr", type=LEARNING_RATE)
     p.add_argument("--precision", choices=PRECISIONS)
-    p.add_argument("--save-every", type=int)
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--save-every", type=Count(0))
+    p.add_argument("--eval-every", type=Count(0))
+    p.add_argument("--seed", type=SEED)
     p.add_argument("--resume", default="never", metavar="auto|never|PATH",
                    help="auto: continue from the latest checkpoint in --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh; the old run folder is renamed, not deleted")
@@ -126,8 +127,10 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     from lmforge.tokenizers import WordPieceTokenizer
     from lmforge.training.distributed import init_distributed
     from lmforge.training.trainer import Trainer
+    from lmforge.utils.io import check_not_input
 
     tokenizer_dir = Path(run.tokenizer) if run.tokenizer else Path(run.data.path) / "tokenizer"
+    check_not_input(run.out, [run.data.path, run.tokenizer])
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
     corpus = ShardedCorpus(run.data.path, tokenizer)
     info = init_distributed()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count
 from lmforge.config import TrainConfig, apply_overrides, from_dict, load_toml, to_dict, toml_literal
 from lmforge.errors import LmforgeError
 
@@ -101,17 +102,17 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="rnn-seq2seq, transformer-base, ... (model sizes: --model.d_model=...)")
     p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer (default: train "
                                                       "one of vocab_size tokens on the training pairs)")
-    p.add_argument("--vocab-size", type=int, metavar="N", help="without --tokenizer: the size of the vocabulary "
+    p.add_argument("--vocab-size", type=Count(10), metavar="N", help="without --tokenizer: the size of the vocabulary "
                                                               "trained on the pairs (default 8000)")
     p.add_argument("--train-data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
     p.add_argument("--dev-data", metavar="FILE")
     p.add_argument("--test-data", metavar="FILE")
     p.add_argument("--out", metavar="DIR")
-    p.add_argument("--epochs", type=float)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--epochs", type=POSITIVE)
+    p.add_argument("--lr", type=LEARNING_RATE)
+    p.add_argument("--batch-size", type=Count(1))
+    p.add_argument("--max-steps", type=Count(1))
+    p.add_argument("--seed", type=SEED)
     p.add_argument("--resume", default="never", metavar="auto|never|PATH")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(overrides=[])
@@ -233,7 +234,10 @@ def build_seq2seq_trainer(run: Seq2SeqRun, user_train_keys: set[str], *, resume:
     from lmforge.tokenizers import WordPieceTokenizer
     from lmforge.training.distributed import init_distributed
     from lmforge.training.trainer import Trainer
+    from lmforge.utils.io import check_not_input
 
+    check_not_input(run.out, [p for p in (run.tokenizer, run.data.train, run.data.dev, run.data.test)
+                              if p and Path(p).exists()])
     train, dev, test = load_data(run)
     d = run.data
     tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer) if run.tokenizer else train_tokenizer(run, train)

@@ -13,6 +13,7 @@ import logging
 import signal
 from typing import Any
 
+from lmforge.commands.options import PORT, Count, Rate
 from lmforge.errors import LmforgeError
 
 log = logging.getLogger("lmforge")
@@ -26,22 +27,24 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                 "/health, /info and /docs.")
     p.add_argument("--model", required=True, metavar="DIR", help="a model folder (lmforge or Hugging Face BERT)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="default 8000")
-    p.add_argument("--max-batch", type=int, default=32, metavar="N",
+    p.add_argument("--port", type=PORT, default=8000, help="default 8000")
+    p.add_argument("--max-batch", type=Count(1, 4096), default=32, metavar="N",
                    help="texts per forward pass, shared by concurrent requests (default 32)")
-    p.add_argument("--max-length", type=int, default=512, metavar="TOKENS",
+    p.add_argument("--max-length", type=Count(3, 1_000_000), default=512, metavar="TOKENS",
                    help="tokens per text accepted, [CLS]/[SEP] included; longer texts get 413 (default 512)")
-    p.add_argument("--max-texts", type=int, default=64, metavar="N", help="texts (prompts) per request (default 64)")
-    p.add_argument("--max-chars", type=int, default=20_000, metavar="N", help="characters per text (default 20000)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+    p.add_argument("--max-texts", type=Count(1, 100_000), default=64, metavar="N",
+                   help="texts (prompts) per request (default 64)")
+    p.add_argument("--max-chars", type=Count(1, 10_000_000), default=20_000, metavar="N",
+                   help="characters per text (default 20000)")
+    p.add_argument("--max-new-tokens", type=Count(1, 100_000), default=256, metavar="N",
                    help="the largest max_new_tokens a /generate request may ask for (default 256)")
-    p.add_argument("--max-wait-ms", type=float, default=3.0, metavar="MS",
+    p.add_argument("--max-wait-ms", type=Rate(0.0, 10_000.0), default=3.0, metavar="MS",
                    help="how long a request may wait for others to share its forward pass (default 3)")
     p.add_argument("--no-batching", dest="batching", action="store_false",
                    help="one forward pass per request (for comparison)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=Count(1, 1024), default=None, metavar="N",
                    help="PyTorch intra-op threads (default: PyTorch's, one per core; 1 is faster on a busy machine)")
-    p.add_argument("--graceful-timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--graceful-timeout", type=Rate(0.0, 86_400.0), default=30.0, metavar="SECONDS",
                    help="time to finish the requests in flight after SIGTERM / Ctrl-C (default 30)")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 

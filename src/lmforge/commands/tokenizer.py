@@ -9,32 +9,38 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from lmforge.commands.options import Count
 from lmforge.data.text import ReadStats, collect_text_files, read_texts
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.tokenizers.trainer import ALGORITHMS, WordPieceTrainer
 from lmforge.tokenizers.wordpiece import VOCAB_NAME, WordPieceTokenizer
-from lmforge.utils.io import atomic_open, atomic_write_text, check_can_write
+from lmforge.utils.io import (
+    atomic_open,
+    atomic_write_text,
+    prepare_output_dir,
+    prepare_output_file,
+    staged_output_dir,
+)
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="text files, or folders searched for .txt files (read as UTF-8)")
-    p.add_argument("--vocab-size", type=int, required=True, metavar="N", help="tokens to reach")
+    p.add_argument("--vocab-size", type=Count(1), required=True, metavar="N", help="tokens to reach")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt and tokenizer_config.json")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
                    help="wordpiece: merge by freq(ab)/(freq(a)freq(b)); bpe-count: merge by freq(ab)")
     p.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case and accents (a cased vocabulary)")
-    p.add_argument("--min-frequency", type=int, default=2, metavar="K", help="never merge rarer pairs")
-    p.add_argument("--limit-alphabet", type=int, default=None, metavar="N",
+    p.add_argument("--min-frequency", type=Count(1), default=2, metavar="K", help="never merge rarer pairs")
+    p.add_argument("--limit-alphabet", type=Count(1), default=None, metavar="N",
                    help="keep only the N most frequent characters")
-    p.add_argument("--max-input-chars-per-word", type=int, default=100, metavar="N")
+    p.add_argument("--max-input-chars-per-word", type=Count(1), default=100, metavar="N")
     p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
 
 
 def run_train(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    check_can_write(out / VOCAB_NAME, args.overwrite, "a tokenizer")  # fail before the long work
+    out = prepare_output_dir(args.out, overwrite=args.overwrite, inputs=args.input, create=False)  # before the work
     files = collect_text_files(args.input)
     trainer = WordPieceTrainer(args.vocab_size, algorithm=args.algorithm, min_frequency=args.min_frequency,
                                limit_alphabet=args.limit_alphabet, lowercase=args.lowercase,
@@ -47,12 +53,13 @@ def run_train(args: argparse.Namespace) -> int:
         raise InputFileError(f"the input ({stats.summary()}) holds no words; give text files with content")
     tokenizer = trainer.train_from_word_counts(counts)
     seconds = time.perf_counter() - start
-    tokenizer.save_pretrained(out, overwrite=args.overwrite)
     report = {"algorithm": args.algorithm, "seconds": round(seconds, 3), "files": stats.files,
               "bytes": stats.bytes, "invalid_utf8_bytes": stats.replaced_bytes, **trainer.report}
-    atomic_write_text(out / "training_report.json", json.dumps(report, indent=2) + "\n")
     lines = [f"{m.left}\t{m.right}\t{m.merged}\t{m.score:.6g}\t{m.count}" for m in trainer.merges]
-    atomic_write_text(out / "merges.tsv", "left\tright\tmerged\tscore\tcount\n" + "\n".join(lines) + "\n")
+    with staged_output_dir(out) as tmp:  # the folder appears whole, or not at all
+        tokenizer.save_pretrained(tmp)
+        atomic_write_text(tmp / "training_report.json", json.dumps(report, indent=2) + "\n")
+        atomic_write_text(tmp / "merges.tsv", "left\tright\tmerged\tscore\tcount\n" + "\n".join(lines) + "\n")
     print(f"read {stats.summary()}")
     print(f"{args.algorithm}: {tokenizer.vocab_size} tokens ({trainer.report['alphabet']} alphabet units, "
           f"{len(trainer.merges)} merges) from {trainer.report['distinct_words']} distinct words "
@@ -65,7 +72,7 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="folder with vocab.txt (ours or BERT's)")
     p.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one input per line")
     p.add_argument("--pair-input", metavar="FILE", help="second segments, line by line with --input")
-    p.add_argument("--max-length", type=int, metavar="N", help="truncate (longest first) to N tokens")
+    p.add_argument("--max-length", type=Count(1), metavar="N", help="truncate (longest first) to N tokens")
     p.add_argument("--output", required=True, metavar="FILE.jsonl")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
@@ -80,7 +87,8 @@ def _read_lines(path: str) -> list[str]:
 
 
 def run_encode(args: argparse.Namespace) -> int:
-    check_can_write(args.output, args.overwrite)
+    prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.tokenizer, args.input, args.pair_input],
+                        option="--output")
     tokenizer = WordPieceTokenizer.from_pretrained(args.tokenizer)
     lines = _read_lines(args.input)
     pairs = _read_lines(args.pair_input) if args.pair_input else None

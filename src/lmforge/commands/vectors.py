@@ -10,12 +10,13 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
 from lmforge.embeddings.glove import GloVeConfig, GloVeEpoch, train_glove
 from lmforge.embeddings.io import load_word2vec, save_word2vec
 from lmforge.embeddings.vocab import encode_corpus
 from lmforge.embeddings.word2vec import EpochStats, Word2VecConfig, train_word2vec
-from lmforge.utils.io import atomic_write_text, check_can_write
+from lmforge.utils.io import atomic_write_text, prepare_output_file
 
 log = logging.getLogger("lmforge")
 
@@ -32,15 +33,15 @@ def _add_common(p: argparse.ArgumentParser, window: int, epochs: int, batch: int
                    help="text files, or folders searched for .txt files (UTF-8; each line is a sentence)")
     p.add_argument("--out", required=True, metavar="FILE.txt", help="the vectors, in the word2vec format")
     p.add_argument("--binary", action="store_true", help="write the word2vec binary format instead of text")
-    p.add_argument("--dim", type=int, default=100, metavar="D", help="vector size (default 100)")
-    p.add_argument("--window", type=int, default=window, metavar="W", help=f"maximal distance (default {window})")
-    p.add_argument("--min-count", type=int, default=5, metavar="C", help="drop rarer words (default 5)")
-    p.add_argument("--epochs", type=int, default=epochs, metavar="E", help=f"passes (default {epochs})")
-    p.add_argument("--workers", type=int, default=_available_cores(), metavar="N",
+    p.add_argument("--dim", type=Count(1, 100_000), default=100, metavar="D", help="vector size (default 100)")
+    p.add_argument("--window", type=Count(1), default=window, metavar="W", help=f"maximal distance (default {window})")
+    p.add_argument("--min-count", type=Count(1), default=5, metavar="C", help="drop rarer words (default 5)")
+    p.add_argument("--epochs", type=Count(1), default=epochs, metavar="E", help=f"passes (default {epochs})")
+    p.add_argument("--workers", type=Count(1, 1024), default=_available_cores(), metavar="N",
                    help="lock-free training threads (default: the cores available)")
-    p.add_argument("--batch-size", type=int, default=batch, metavar="N", help=f"{batch_unit} per update "
+    p.add_argument("--batch-size", type=Count(1), default=batch, metavar="N", help=f"{batch_unit} per update "
                    f"(default {batch})")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=SEED, default=1)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the tables live (default cpu)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
@@ -69,18 +70,24 @@ def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
     arch.add_argument("--cbow", dest="architecture", action="store_const", const="cbow",
                       help="continuous bag of words")
     p.set_defaults(architecture="skipgram")
-    p.add_argument("--negative", type=int, default=5, metavar="K", help="negatives per pair (default 5)")
-    p.add_argument("--sample", type=float, default=1e-3, metavar="T",
+    p.add_argument("--negative", type=Count(1, 1000), default=5, metavar="K", help="negatives per pair (default 5)")
+    p.add_argument("--sample", type=Rate(0.0, 1.0), default=1e-3, metavar="T",
                    help="subsampling threshold t; 0 keeps every word (default 1e-3)")
-    p.add_argument("--alpha", type=float, default=0.025, help="initial learning rate (default 0.025)")
-    p.add_argument("--min-alpha", type=float, default=0.0001, help="final learning rate (default 0.0001)")
-    p.add_argument("--share-negatives", type=int, default=8, metavar="G",
+    p.add_argument("--alpha", type=POSITIVE, default=0.025, help="initial learning rate (default 0.025)")
+    p.add_argument("--min-alpha", type=Rate(0.0), default=0.0001, help="final learning rate (default 0.0001)")
+    p.add_argument("--share-negatives", type=Count(1), default=8, metavar="G",
                    help="consecutive centre words that share one draw of negatives (default 8; see "
                         "lmforge.embeddings.word2vec)")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Fail before the long work: the vectors file and its metrics file may be written (see the output policy)."""
+    for path in (args.out, metrics_path(args.out)):
+        prepare_output_file(path, overwrite=args.overwrite, inputs=args.input)
+
+
 def run_word2vec_train(args: argparse.Namespace) -> int:
-    check_can_write(args.out, args.overwrite)  # fail before the long work
+    _check_outputs(args)
     config = Word2VecConfig(architecture=args.architecture, dim=args.dim, window=args.window,
                             negative=args.negative, min_count=args.min_count, sample=args.sample, alpha=args.alpha,
                             min_alpha=args.min_alpha, epochs=args.epochs, batch_size=args.batch_size,
@@ -111,15 +118,15 @@ def run_word2vec_train(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- GloVe
 def add_glove_arguments(p: argparse.ArgumentParser) -> None:
     _add_common(p, window=15, epochs=15, batch=4096, batch_unit="co-occurrence entries")
-    p.add_argument("--x-max", type=float, default=100.0, help="weighting cut-off x_max (default 100)")
-    p.add_argument("--alpha", type=float, default=0.75, help="weighting exponent (default 0.75)")
-    p.add_argument("--lr", type=float, default=0.05, help="AdaGrad's initial learning rate (default 0.05)")
-    p.add_argument("--max-entries", type=int, default=20_000_000, metavar="N",
+    p.add_argument("--x-max", type=POSITIVE, default=100.0, help="weighting cut-off x_max (default 100)")
+    p.add_argument("--alpha", type=POSITIVE, default=0.75, help="weighting exponent (default 0.75)")
+    p.add_argument("--lr", type=LEARNING_RATE, default=0.05, help="AdaGrad's initial learning rate (default 0.05)")
+    p.add_argument("--max-entries", type=Count(1), default=20_000_000, metavar="N",
                    help="co-occurrence entries held in memory while counting; more spill to temporary files")
 
 
 def run_glove_train(args: argparse.Namespace) -> int:
-    check_can_write(args.out, args.overwrite)
+    _check_outputs(args)
     config = GloVeConfig(dim=args.dim, window=args.window, min_count=args.min_count, epochs=args.epochs, lr=args.lr,
                          x_max=args.x_max, alpha=args.alpha, batch_size=args.batch_size, workers=args.workers,
                          seed=args.seed, max_entries=args.max_entries, device=args.device)

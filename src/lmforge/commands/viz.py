@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lmforge.commands.options import Count, Rate
+from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.utils.io import check_can_write
+from lmforge.utils.io import prepare_output_file
 
 PRECISIONS = ("auto", "float32", "uint16", "uint8")  # as lmforge.viz.html (checked there too)
 METRICS_NAME = "metrics.jsonl"  # as lmforge.training.logging
@@ -28,21 +30,20 @@ def parse_indices(text: str | None, option: str) -> list[int] | None:
     return values
 
 
-def _output(path: str, suffixes: tuple[str, ...], overwrite: bool) -> Path:
+def _output(path: str, suffixes: tuple[str, ...], overwrite: bool, inputs: tuple[str | None, ...] = ()) -> Path:
     out = Path(path)
     if out.suffix.lower() not in suffixes:
         raise LmforgeError(f"--out {out}: name the file *{' or *'.join(suffixes)}")
-    check_can_write(out, overwrite)
-    return out
+    return prepare_output_file(out, overwrite=overwrite, inputs=inputs)
 
 
 def _read_text(text: str | None, file: str | None, option: str) -> str | None:
     if file is None:
         return text
-    path = Path(file)
-    if not path.is_file():
-        raise InputFileError(f"{option}-file {path}: no such file")
-    return path.read_text(encoding="utf-8", errors="replace").strip()
+    text = read_user_text(file, f"{option}-file").strip()
+    if not text:
+        raise InputFileError(f"{option}-file {file}: the file holds no text")
+    return text
 
 
 # ------------------------------------------------------------------------------------------------ attention
@@ -61,7 +62,8 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     pair.add_argument("--pair-file", metavar="FILE", help="read --pair from a UTF-8 file")
     p.add_argument("--layers", metavar="I[,J...]", help="layer indices to show, e.g. 0,1 or -1 (default: all)")
     p.add_argument("--heads", metavar="I[,J...]", help="head indices to show (default: all)")
-    p.add_argument("--max-length", type=int, metavar="N", help="truncate longer inputs (default: the model's limit)")
+    p.add_argument("--max-length", type=Count(1), metavar="N",
+                   help="truncate longer inputs (default: the model's limit)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="HTML only: weights stored exactly (float32) or quantised per row (uint16, uint8); auto "
                         "keeps float32 up to about 2 million weights")
@@ -74,7 +76,7 @@ def run_attention(args: argparse.Namespace) -> int:
     from lmforge.models.pretrained import load_backbone
     from lmforge.viz.attention import collect_attention
 
-    out = _output(args.out, (".png", ".html"), args.overwrite)
+    out = _output(args.out, (".png", ".html"), args.overwrite, (args.model, args.text_file, args.pair_file))
     layers = parse_indices(args.layers, "--layers")
     heads = parse_indices(args.heads, "--heads")
     text = _read_text(args.text, args.text_file, "--text")
@@ -102,9 +104,10 @@ def run_attention(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ positions
 def add_positions_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--d-model", type=int, default=128, metavar="D", help="embedding width (default 128)")
-    p.add_argument("--length", type=int, default=50, metavar="N", help="number of positions (default 50)")
-    p.add_argument("--base", type=float, default=10000.0, help="wavelength base (10000 in Vaswani et al.)")
+    p.add_argument("--d-model", type=Count(2, 100_000), default=128, metavar="D", help="embedding width (default 128)")
+    p.add_argument("--length", type=Count(1, 100_000), default=50, metavar="N", help="number of positions (default 50)")
+    p.add_argument("--base", type=Rate(1.0, low_open=True), default=10000.0,
+                   help="wavelength base (10000 in Vaswani et al.)")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--overwrite", action="store_true")
 
@@ -135,7 +138,7 @@ def run_training(args: argparse.Namespace) -> int:
     path = run / METRICS_NAME if run.is_dir() else run
     if not path.is_file():
         raise InputFileError(f"{path}: no such file; give a run folder written by lmforge (it holds {METRICS_NAME})")
-    out = _output(args.out, (".png",), args.overwrite)
+    out = _output(args.out, (".png",), args.overwrite, (str(path),))
     records = read_metrics(path)
     if not records:
         raise InputFileError(f"{path}: no records (an empty or unreadable metrics file)")

@@ -59,6 +59,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
 
 __all__ = [
@@ -185,16 +186,8 @@ class QAExample:
 
 
 def _read_text(path: Path) -> str:
-    """The file as text (UTF-8, optional BOM). Raises InputFileError when missing, undecodable or blank."""
-    if not path.is_file():
-        raise InputFileError(f"{path}: no such file; check the path")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise InputFileError(f"{path}:{line}: not valid UTF-8 (byte {err.start}: {err.reason}); save the file "
-                             f"as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)") from None
+    """The file as text (UTF-8, optional BOM). Raises InputFileError when missing, a folder or blank."""
+    text = read_user_text(path)  # invalid UTF-8: replaced with a warning, or refused under --strict-utf8
     if not text.strip():
         raise InputFileError(f"{path}: the file is empty; it must hold at least one example")
     return text

@@ -37,13 +37,10 @@ class Seq2SeqExample:
 def read_pairs(path: str | Path, *, source_column: str = "source", target_column: str = "target",
                require_targets: bool = True) -> list[Seq2SeqExample]:
     """(source, target) pairs from a JSONL, TSV or CSV file (see the module docstring)."""
+    from lmforge.data.text import read_user_text
+
     path = Path(path)
-    if not path.is_file():
-        raise InputFileError(f"{path}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise InputFileError(f"{path}: not UTF-8 text ({err})") from err
+    text = read_user_text(path)
     rows: list[tuple[int, dict[str, Any]]] = []
     if path.suffix in (".jsonl", ".json"):
         for n, line in enumerate(text.splitlines(), 1):

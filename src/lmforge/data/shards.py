@@ -59,10 +59,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lmforge.data.sentences import ends_sentence, split_paragraphs, split_sentences
-from lmforge.data.text import collect_text_files, decode_utf8
+from lmforge.data.text import check_not_binary, collect_text_files, decode_utf8, strict_utf8_enabled
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.tokenizers.wordpiece import WordPieceTokenizer
-from lmforge.utils.io import atomic_open, atomic_write_text, check_can_write
+from lmforge.utils.io import atomic_open, atomic_write_text, prepare_output_dir, staged_output_dir
 
 log = logging.getLogger("lmforge")
 
@@ -168,6 +168,7 @@ def _process_job(job: _Job) -> _FileResult:
     index, path, start, end, fmt = job
     tok: WordPieceTokenizer = _WORKER["tokenizer"]
     data = _read_range(path, start, end)
+    check_not_binary(data, path)
     text, replaced = decode_utf8(data)
     fmt, docs = file_documents(text, fmt or _WORKER["format"])
     dtype = _WORKER["dtype"]
@@ -363,7 +364,7 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
         input_format: ``"auto"``, ``"lines"`` or ``"documents"``.
         workers: tokenizing processes (``None``: the number of CPUs; 1: in this process).
         shard_size_tokens: tokens per shard (a shard holds whole documents; memory is bounded by one shard).
-        overwrite: replace an existing prepared folder (only ``manifest.json`` and ``shard-*.npy`` are touched).
+        overwrite: move a non-empty ``out_dir`` aside (``<name>.old-<time>``) and prepare afresh.
         show_progress: a tqdm bar over files.
 
     Returns:
@@ -383,12 +384,23 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
     files = collect_text_files(inputs)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise LmforgeError(f"{out_dir}: is a file; the prepared corpus is a folder, choose another path")
-    check_can_write(out_dir, overwrite, "a prepared corpus")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # the folder reads as unprepared until we finish
+    final_dir = prepare_output_dir(out_dir, overwrite=overwrite, inputs=[tokenizer_dir, *inputs], create=False)
+    # Everything is written into a hidden sibling folder that is renamed to out_dir at the end: an interrupted
+    # run leaves no out_dir at all (and its partial folder is removed by the next run), never shards without
+    # a manifest.
+    with staged_output_dir(final_dir) as staging:
+        manifest = _prepare_into(staging, tokenizer, tokenizer_dir, files, inputs, input_format, workers,
+                                 shard_size_tokens, show_progress)
+        tokenizer.save_pretrained(staging / "tokenizer")  # `lmforge pretrain --data DIR` needs nothing else
+    log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s) from %d files in %.1f s (%s)",
+             manifest["counts"]["documents"], manifest["counts"]["sentences"], manifest["counts"]["tokens"],
+             len(manifest["shards"]), len(files), manifest["seconds"], final_dir)
+    return manifest
+
+
+def _prepare_into(out_dir: Path, tokenizer: WordPieceTokenizer, tokenizer_dir: Path, files: list[Path],
+                  inputs: Sequence[str | Path], input_format: str, workers: int, shard_size_tokens: int,
+                  show_progress: bool) -> dict[str, Any]:
     dtype = token_dtype(tokenizer.vocab_size)
     writer = _ShardWriter(out_dir, shard_size_tokens, dtype)
     # Per-file records stream to files.jsonl as files complete (results arrive in file order), so the main
@@ -442,10 +454,10 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
     if not writer.shards:
         raise InputFileError(f"the corpus is empty: {len(files)} file(s) hold no text that tokenizes to any "
                              f"token ({', '.join(map(str, inputs))}); give files with some text")
-    # stale shards of an earlier, larger preparation
-    for stale in out_dir.glob("shard-*.npy"):
-        if stale.name.split(".")[0] not in {s["name"] for s in writer.shards}:
-            stale.unlink()
+    if bad_files and strict_utf8_enabled():
+        path, n = next(iter(bad_files.items()))
+        raise InputFileError(f"{path}: not valid UTF-8 ({n} bad byte(s)); save it as UTF-8, or drop --strict-utf8 "
+                             "to replace the bad bytes")
     seconds = time.perf_counter() - started
     counts = {k: sum(s[k] for s in writer.shards) for k in ("documents", "sentences", "tokens")}
     manifest = {
@@ -470,9 +482,6 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
     }
     os.replace(files_tmp, out_dir / FILES_NAME)
     atomic_write_text(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
-    log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s) from %d files in %.1f s (%s)",
-             counts["documents"], counts["sentences"], counts["tokens"], len(writer.shards), len(files),
-             seconds, out_dir)
     return manifest
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -10,6 +12,75 @@ from pathlib import Path
 from lmforge.errors import InputFileError
 
 log = logging.getLogger("lmforge")
+
+# Whether invalid UTF-8 in the user's text is refused (``lmforge --strict-utf8``) instead of replaced with a
+# warning. A context variable, set for the length of one command by ``strict_utf8``, so that every reader follows
+# the same rule without a flag threaded through each call.
+_STRICT_UTF8: contextvars.ContextVar[bool] = contextvars.ContextVar("lmforge_strict_utf8", default=False)
+
+
+@contextlib.contextmanager
+def strict_utf8(enabled: bool = True) -> Iterator[None]:
+    """Within the block, text readers refuse invalid UTF-8 (``InputFileError`` naming file and line)."""
+    token = _STRICT_UTF8.set(enabled)
+    try:
+        yield
+    finally:
+        _STRICT_UTF8.reset(token)
+
+
+def strict_utf8_enabled() -> bool:
+    """Whether the current command runs under ``--strict-utf8``."""
+    return _STRICT_UTF8.get()
+
+
+def require_file(path: str | Path, what: str = "file") -> Path:
+    """``path`` as a Path when it is a readable file; else a clear error: missing, or a folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputFileError(f"{path}: is a folder, not a {what}; give the {what} itself")
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such {what}; check the path")
+    return path
+
+
+def check_not_binary(data: bytes, path: str | Path) -> None:
+    """Refuse a file that holds NUL bytes: no text format has them, and read as text a binary file gives
+    errors about something else (an alphabet too large for the vocabulary, a malformed line)."""
+    at = data.find(b"\x00", 0, 1 << 20)
+    if at >= 0:
+        line = data.count(b"\n", 0, at) + 1
+        raise InputFileError(f"{path}:{line}: a NUL byte (offset {at}): this looks like a binary file, not text; "
+                             "give a text file")
+
+
+def decode_user_text(data: bytes, path: str | Path, *, bom: bool = True) -> str:
+    """Decode a user's file by the one UTF-8 rule of every command.
+
+    Invalid byte sequences are replaced by U+FFFD and a warning names the file, the count and the first bad line;
+    under ``strict_utf8()`` (``--strict-utf8``) they are refused instead. A UTF-8 byte-order mark is dropped.
+    """
+    if bom and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    check_not_binary(data, path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        if _STRICT_UTF8.get():
+            raise InputFileError(f"{path}:{line}: not valid UTF-8 (byte {err.start}: {err.reason}); save the file "
+                                 "as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), or drop --strict-utf8 to replace the "
+                                 "bad bytes") from None
+        text, replaced = decode_utf8(data)
+        log.warning("%s: not valid UTF-8 (first at line %d), %d byte(s) replaced by U+FFFD; re-save the file as "
+                    "UTF-8 to keep those characters (--strict-utf8 refuses such files)", path, line, replaced)
+        return text
+
+
+def read_user_text(path: str | Path, what: str = "file") -> str:
+    """The text of one user file: ``require_file`` then ``decode_user_text``."""
+    path = require_file(path, what)
+    return decode_user_text(path.read_bytes(), path)
 
 
 def collect_text_files(paths: Iterable[str | Path], suffix: str = ".txt") -> list[Path]:
@@ -93,6 +164,9 @@ def read_texts(files: Iterable[Path], stats: ReadStats | None = None) -> Iterato
     """
     for path in files:
         data = Path(path).read_bytes()
+        check_not_binary(data, path)
+        if _STRICT_UTF8.get():
+            decode_user_text(data, path, bom=False)  # raises on the first invalid byte
         text, replaced = decode_utf8(data)
         if stats is not None:
             stats.files += 1

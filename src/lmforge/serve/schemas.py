@@ -9,8 +9,12 @@ Limits and what breaking them answers (the body is always ``{"error": "message"}
 - not JSON, or an empty body: 400; a body sent without ``Content-Type: application/json``: 415;
 - a wrong type, an unknown field, a missing field, an empty list, a value out of range: 422;
 - more than ``max_texts`` texts (prompts) in one request, a text longer than ``max_chars`` characters, or longer
-  than ``max_length`` tokens ([CLS] and [SEP] included), a body larger than these allow (its Content-Length):
+  than ``max_length`` tokens ([CLS] and [SEP] included), a body larger than these allow (``max_body_bytes``):
   413, naming the limit and the server option that sets it.
+
+The body size is checked on the bytes received, whatever the transfer encoding: a Content-Length over the limit is
+refused unread, and a body without one (chunked) is refused as soon as the bytes received pass the limit, without
+the excess ever being held. The other limits are checked on the parsed body, so they hold however it was sent.
 
 Texts within ``max_length`` but longer than the model's own window (the ``max_length`` it was fine-tuned with,
 or its ``max_seq_len``) are processed as the library processes them everywhere else (truncated, or cut to head
@@ -52,7 +56,7 @@ class Limits:
     def max_body_bytes(self) -> int:
         """The largest request body: texts and text pairs at their limits, 12 bytes per character (an astral
         character escaped as a surrogate pair, ``\\ud83d\\ude00``, as ``json.dumps`` does by default), and room for
-        the other fields."""
+        the other fields. Enforced on the bytes received, chunked bodies included (``app.BodySizeLimit``)."""
         return 2 * self.max_texts * self.max_chars * 12 + 65_536
 
     def __post_init__(self) -> None:

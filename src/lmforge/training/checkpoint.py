@@ -19,12 +19,14 @@ of numpy and ``random`` are converted to those).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +48,14 @@ from lmforge.models.pretrained import (
     save_pretrained,
 )
 from lmforge.training.logging import METRICS_NAME, truncate_metrics
-from lmforge.utils.io import atomic_open, atomic_write_bytes, move_aside
+from lmforge.utils.io import atomic_open, atomic_write_bytes, describe_os_error, prepare_output_dir
 
 log = logging.getLogger("lmforge")
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_NAME = "best"  # the best model by the selected eval metric, while a run is going
 STATE_NAME = "trainer_state.pt"
+RUN_CONFIG_NAME = "run_config.json"  # written by the Trainer when a run starts
 STATE_FORMAT = "lmforge-trainer-state"
 STATE_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -86,20 +89,32 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def remove_partial_checkpoints(out_dir: str | Path) -> None:
-    """Delete ``.tmp-*`` folders left by a process killed while writing a checkpoint."""
-    root = Path(out_dir) / CHECKPOINTS_DIR
-    if root.is_dir():
-        for child in root.glob(".tmp-*"):
-            shutil.rmtree(child, ignore_errors=True)
+def remove_partial_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Delete the ``.tmp-*`` folders that a killed process left while writing or pruning a checkpoint (under
+    ``checkpoints/``) or saving the best model (in the run folder); return them."""
+    out_dir = Path(out_dir)
+    removed = []
+    for root in (out_dir / CHECKPOINTS_DIR, out_dir):
+        if root.is_dir():
+            for child in root.glob(".tmp-*"):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child)
+    return removed
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int) -> None:
-    """Keep the ``keep_last`` newest checkpoints (0 keeps all)."""
+    """Keep the ``keep_last`` newest checkpoints (0 keeps all).
+
+    Each old folder is first renamed to ``.tmp-pruned-step-<N>-<pid>`` (one atomic step) and only then deleted, so
+    a process killed while deleting never leaves a half-deleted ``step-<N>``; the next run removes the rest.
+    """
     if keep_last <= 0:
         return
     for _, path in list_checkpoints(out_dir)[:-keep_last]:
-        shutil.rmtree(path, ignore_errors=True)
+        aside = path.parent / f".tmp-pruned-{path.name}-{os.getpid()}"
+        os.replace(path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -113,6 +128,36 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------------ writing
+def _free_space(path: Path) -> str:
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return f"{shutil.disk_usage(p).free / 1e6:,.0f} MB free there"
+            except OSError:
+                break
+    return "free space unknown"
+
+
+@contextlib.contextmanager
+def writing(target: Path, cleanup: Path | None = None) -> Iterator[None]:
+    """Turn a failed write of ``target`` into one clear error naming it, the cause and the space left.
+
+    torch reports a full disk during ``torch.save`` as ``RuntimeError: [enforce fail at inline_container.cc]
+    unexpected pos``; that, and OSError (full, read-only, no permission), become an ``LmforgeError``. ``cleanup``
+    (a temporary folder) is removed first, so that nothing half-written stays behind.
+    """
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        cause = describe_os_error(err) if isinstance(err, OSError) else str(err).strip().partition("\n")[0]
+        raise LmforgeError(f"{target}: could not write it ({cause}; {_free_space(target)}); free some space or "
+                           "choose another output folder, then continue with --resume auto from the last complete "
+                           "checkpoint") from err
 
 
 # ------------------------------------------------------------------------------------------------------ model
@@ -141,8 +186,9 @@ def save_model_atomically(model: nn.Module, directory: str | Path, **kwargs: Any
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_model(model, tmp, **kwargs)
-    _fsync_dir(tmp)
+    with writing(directory, cleanup=tmp):
+        save_model(model, tmp, **kwargs)
+        _fsync_dir(tmp)
     old = directory.parent / f".tmp-old-{directory.name}-{os.getpid()}"
     if directory.exists():
         os.replace(directory, old)
@@ -249,10 +295,11 @@ def save_checkpoint(out_dir: str | Path, step: int, model: nn.Module, state: dic
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_model(model, tmp, model_config=model_config, head=head, tokenizer=tokenizer)
-    with atomic_open(tmp / STATE_NAME, "wb") as f:
-        torch.save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, f)
-    _fsync_dir(tmp)
+    with writing(final, cleanup=tmp):
+        save_model(model, tmp, model_config=model_config, head=head, tokenizer=tokenizer)
+        with atomic_open(tmp / STATE_NAME, "wb") as f:
+            torch.save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, f)
+        _fsync_dir(tmp)
     if final.exists():  # re-saving a step (a run resumed at its last checkpoint): replace the old folder
         old = final.parent / f".tmp-old-step-{step}-{os.getpid()}"
         os.replace(final, old)
@@ -307,9 +354,10 @@ def config_differences(saved: dict[str, Any] | None, current: dict[str, Any] | N
 
 # ------------------------------------------------------------------------------------------------------ run folder
 def holds_run(out_dir: Path) -> bool:
-    """A run was started here: metrics.jsonl or anything under checkpoints/."""
+    """A run was started here: run_config.json, metrics.jsonl or anything under checkpoints/."""
     root = out_dir / CHECKPOINTS_DIR
-    return (out_dir / METRICS_NAME).exists() or (root.is_dir() and any(root.iterdir()))
+    return ((out_dir / RUN_CONFIG_NAME).exists() or (out_dir / METRICS_NAME).exists()
+            or (root.is_dir() and any(root.iterdir())))
 
 
 def is_inside(path: Path, folder: Path) -> bool:
@@ -338,23 +386,28 @@ def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path 
     if overwrite and resume != "never":
         raise LmforgeError(f"resume={str(resume)!r} and overwrite exclude each other: --resume continues the run in "
                            f"{out_dir}, --overwrite starts a new one")
-    held = holds_run(out_dir)
+    held = holds_run(out_dir) if out_dir.is_dir() else False
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not held and resume != "never":
+        raise LmforgeError(f"{out_dir} holds files but no lmforge training run (no {RUN_CONFIG_NAME}, "
+                           f"{METRICS_NAME} or {CHECKPOINTS_DIR}/), so there is nothing to resume there and lmforge "
+                           "will not write beside those files: choose another output folder, or pass --overwrite "
+                           "(without --resume) to move them aside")
     found: Path | None = None
     if resume == "never":
         if held and not overwrite:
             raise LmforgeError(f"{out_dir} already holds a training run (metrics.jsonl or checkpoints/); pass "
                                "--resume auto to continue it, or --overwrite to start a new run (the old folder is "
                                "renamed, not deleted), or choose another output folder")
-        if held:
-            log.warning("moved the previous run in %s to %s", out_dir, move_aside(out_dir))
+        prepare_output_dir(out_dir, overwrite=overwrite)  # refuses a user's files, or moves aside
     elif resume == "auto":
         found = latest_checkpoint(out_dir)
         if found is None and held:
             log.warning("%s holds no complete checkpoint; starting from step 0", out_dir)
     else:
         found = _explicit_checkpoint(Path(resume), out_dir, held)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_partial_checkpoints(out_dir)
+    prepare_output_dir(out_dir, continue_run=True)  # creates it, or says why it cannot (a file, not a folder)
+    for leftover in remove_partial_checkpoints(out_dir):
+        log.info("removed %s, left by an interrupted run", leftover)
     dropped = truncate_metrics(out_dir / METRICS_NAME, step_of(found) if found and is_inside(found, out_dir) else 0)
     if dropped:
         log.info("dropped %d metrics.jsonl lines logged after the checkpoint", dropped)

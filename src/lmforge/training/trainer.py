@@ -563,24 +563,29 @@ class Trainer:
 
     def _save_final(self) -> None:
         if self.dist.is_main:
-            best_dir = self.out_dir / ckpt.BEST_NAME
-            if self.best is not None and (best_dir.is_dir() or self._best_is_in_place()):
-                if best_dir.is_dir():
-                    ckpt.promote_model(best_dir, self.out_dir)  # the final model is the best one
-                results = {**self.best["record"], "best_step": self.best["step"], "last_step": self.step}
-            else:
-                if self.best is not None:
-                    log.warning("the best model (step %d) is no longer in %s; saving the last one instead",
-                                self.best["step"], self.out_dir)
-                ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
-                                tokenizer=self.tokenizer)
-                results = self.last_eval
-            self._write_run_config()
-            if results:
-                atomic_write_text(self.out_dir / "eval_results.json", json.dumps(results, indent=2) + "\n")
-            self._plot(force=True)
-            log.info("saved the final model in %s", self.out_dir)
+            with ckpt.writing(self.out_dir):
+                self._write_final()
         dist.barrier(self.dist)
+
+    def _write_final(self) -> None:
+        """The final model (the best one when a dev metric selects it), eval_results.json and the plot."""
+        best_dir = self.out_dir / ckpt.BEST_NAME
+        if self.best is not None and (best_dir.is_dir() or self._best_is_in_place()):
+            if best_dir.is_dir():
+                ckpt.promote_model(best_dir, self.out_dir)  # the final model is the best one
+            results = {**self.best["record"], "best_step": self.best["step"], "last_step": self.step}
+        else:
+            if self.best is not None:
+                log.warning("the best model (step %d) is no longer in %s; saving the last one instead",
+                            self.best["step"], self.out_dir)
+            ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
+                            tokenizer=self.tokenizer)
+            results = self.last_eval
+        self._write_run_config()
+        if results:
+            atomic_write_text(self.out_dir / "eval_results.json", json.dumps(results, indent=2) + "\n")
+        self._plot(force=True)
+        log.info("saved the final model in %s", self.out_dir)
 
     def _best_is_in_place(self) -> bool:
         """A finished run continued further: its top-level model is still the best one if nothing beat it."""
