@@ -97,7 +97,12 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
-        if self.positional == "rotary" and self.d_model % self.n_heads == 0 and self.d_head % 2:
+        if not 0.0 <= self.init_std < 10.0:  # also refuses NaN
+            problems.append(f"init_std={self.init_std} must be in [0, 10)")
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            problems.append(f"layer_norm_eps={self.layer_norm_eps} must be in (0, 1)")
+        if (self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
+                and self.d_model % self.n_heads == 0 and self.d_head % 2):
             problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
         if self.arch == "encoder" and self.type_vocab_size < 1:
             problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")

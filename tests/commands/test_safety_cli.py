@@ -252,3 +252,14 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_leaves_no_partial_check
     code, err = run(["finetune", "--task", "sequence", "--model", str(tiny_encoder_dir), "--train", str(seq_data[0]),
                      "--out", str(out), "--resume", "auto", *FAST], capsys)
     assert code == 0, err
+
+
+def test_a_binary_input_is_called_binary_not_a_vocabulary_problem(tmp_path, capsys):
+    import random
+
+    binary = tmp_path / "corpus.txt"
+    binary.write_bytes(random.Random(0).randbytes(20_000))
+    code, err = run(["tokenizer", "train", "--input", str(binary), "--vocab-size", "100", "--out",
+                     str(tmp_path / "tok")], capsys)
+    assert_one_line_error(code, err, "corpus.txt:", "looks like a binary file")
+    assert not (tmp_path / "tok").exists()

@@ -44,14 +44,22 @@ def require_file(path: str | Path, what: str = "file") -> Path:
     return path
 
 
+_CONTROL = bytes(b for b in range(32) if b not in b"\t\n\v\f\r\x1b")
+
+
 def check_not_binary(data: bytes, path: str | Path) -> None:
-    """Refuse a file that holds NUL bytes: no text format has them, and read as text a binary file gives
-    errors about something else (an alphabet too large for the vocabulary, a malformed line)."""
-    at = data.find(b"\x00", 0, 1 << 20)
-    if at >= 0:
+    """Refuse a file that looks binary: NUL bytes among many control bytes in its first 64 KB (random bytes, an
+    archive, UTF-16). Read as text, such a file gives errors about something else (an alphabet too large for the
+    vocabulary, a malformed line). A stray NUL in real text is not refused (BERT's cleaning drops it)."""
+    sample = data[:1 << 16]
+    at = sample.find(b"\x00")
+    if at < 0:
+        return
+    control = len(sample) - len(sample.translate(None, _CONTROL))
+    if control >= 8 and control >= 0.01 * len(sample):
         line = data.count(b"\n", 0, at) + 1
-        raise InputFileError(f"{path}:{line}: a NUL byte (offset {at}): this looks like a binary file, not text; "
-                             "give a text file")
+        raise InputFileError(f"{path}:{line}: this looks like a binary file, not text ({control} control bytes, a NUL "
+                             f"at offset {at}); give a UTF-8 text file")
 
 
 def decode_user_text(data: bytes, path: str | Path, *, bom: bool = True) -> str:

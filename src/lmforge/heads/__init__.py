@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import typing
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
-from lmforge.config import ModelConfig
+from lmforge.config import ModelConfig, _coerce
 from lmforge.errors import LmforgeError
 from lmforge.heads.base import TaskModel
 
@@ -31,15 +34,70 @@ TASK_KEY = "task"
 
 
 def build_head(spec: dict[str, Any], config: ModelConfig, backbone: nn.Module) -> nn.Module:
-    options = dict(spec)
-    kind = options.pop("type", None)
-    task = options.pop(TASK_KEY, None)
-    if kind not in _BUILDERS:
-        raise LmforgeError(f"unknown head type {kind!r}; choose one of {', '.join(_BUILDERS)}")
-    module, name = _BUILDERS[kind]
-    head = getattr(importlib.import_module(module), name)(config, backbone, **options)
+    """The head that ``spec`` (``{"type": name, **options}``) describes, over ``backbone``.
+
+    Raises:
+        LmforgeError: the spec is malformed (see ``check_head_spec``) or the head rejects its options.
+    """
+    options = check_head_spec(spec)
+    kind, task = spec["type"], spec.get(TASK_KEY)
+    head = _builder(kind)(config, backbone, **options)
     head.head_config = {"type": kind, **options, **({TASK_KEY: task} if task is not None else {})}
     return head
 
 
-__all__ = ["TASK_KEY", "TaskModel", "build_head"]
+def check_head_spec(spec: Any, where: str = "head") -> dict[str, Any]:
+    """Check a head description against its builder's signature; return the builder's options, typed.
+
+    Every option must be a keyword of the head type's builder (whose annotations give the types), the builder's
+    required options (e.g. ``labels``) must be there, and a ``task`` table must be valid task settings for a task
+    that uses this head type. Checking here, not in the builder call, turns a hand-edited ``config.json`` into one
+    clear line instead of a TypeError deep in fine-tuning, evaluation or serving.
+
+    Raises:
+        LmforgeError: naming ``where``, the offending key and what is valid.
+    """
+    if not isinstance(spec, dict):
+        raise LmforgeError(f"{where}: expected an object such as {{\"type\": \"qa\"}}, got {spec!r:.80}")
+    options = {k: v for k, v in spec.items() if k not in ("type", TASK_KEY)}
+    kind = spec.get("type")
+    if not isinstance(kind, str) or kind not in _BUILDERS:
+        raise LmforgeError(f"{where}: unknown head type {kind!r:.80}; choose one of {', '.join(_BUILDERS)}")
+    builder = _builder(kind)
+    params = list(inspect.signature(builder).parameters.values())[2:]  # after (config, backbone)
+    valid = [p.name for p in params]
+    unknown = [k for k in options if k not in valid]
+    if unknown:
+        raise LmforgeError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))} of a {kind!r} head; valid "
+                           f"options are {', '.join(valid) or 'none'}")
+    missing = [p.name for p in params if p.default is p.empty and p.name not in options]
+    if missing:
+        raise LmforgeError(f"{where}: a {kind!r} head needs {', '.join(map(repr, missing))}"
+                           + (" (the label names, in id order)" if "labels" in missing else ""))
+    hints = typing.get_type_hints(builder)
+    typed = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in options.items()}
+    # nn.Dropout's own complaint is a bare ValueError
+    if typed.get("dropout") is not None and not 0.0 <= typed["dropout"] < 1.0:
+        raise LmforgeError(f"{where}.dropout: {typed['dropout']} must be in [0, 1)")
+    if spec.get(TASK_KEY) is not None:
+        _check_task(spec[TASK_KEY], kind, f"{where}.{TASK_KEY}")
+    return typed
+
+
+def _check_task(values: Any, kind: str, where: str) -> None:
+    from lmforge.config import TaskConfig, from_dict
+    from lmforge.tasks import make_task
+
+    if not isinstance(values, dict):
+        raise LmforgeError(f"{where}: expected a table of task settings, got {values!r:.80}")
+    wanted = make_task(from_dict(TaskConfig, values, where=where)).head_type
+    if wanted != kind:
+        raise LmforgeError(f"{where}: task {values.get('task', 'sequence')!r} uses a {wanted!r} head, not {kind!r}")
+
+
+def _builder(kind: str) -> Callable[..., nn.Module]:
+    module, name = _BUILDERS[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["TASK_KEY", "TaskModel", "build_head", "check_head_spec"]

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmforge.config import ModelConfig
+from lmforge.config import ModelConfig, _coerce
 from lmforge.errors import LmforgeError
 
 __all__ = ["config_from_hf", "config_to_hf", "is_hf_bert_dir", "state_dict_from_hf", "state_dict_to_hf"]
@@ -100,32 +100,36 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         raise LmforgeError("this BERT config is a decoder (is_decoder / add_cross_attention); only the "
                            "bidirectional encoder can be imported")
     act = hf.get("hidden_act", "gelu")
-    if act not in _ACT_FROM_HF:
+    if not isinstance(act, str) or act not in _ACT_FROM_HF:
         raise LmforgeError(f"hidden_act={act!r} is not supported; choose one of {', '.join(_ACT_FROM_HF)}")
     if not hf.get("tie_word_embeddings", True):
         raise LmforgeError("tie_word_embeddings=false: untied MLM decoders are not supported")
     missing = [k for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers") if k not in hf]
     if missing:
         raise LmforgeError(f"BERT config lacks {', '.join(missing)}")
-    hidden = hf["hidden_size"]
+
+    def get(key: str, default: Any, kind: Any = int) -> Any:  # checked before any arithmetic on the value
+        return _coerce(hf.get(key, default), kind, key)
+
+    hidden = get("hidden_size", None)
     return ModelConfig(
         arch="encoder",
-        vocab_size=hf["vocab_size"],
+        vocab_size=get("vocab_size", None),
         d_model=hidden,
-        n_heads=hf["num_attention_heads"],
-        n_layers=hf["num_hidden_layers"],
-        d_ff=hf.get("intermediate_size", 4 * hidden),
-        max_seq_len=hf.get("max_position_embeddings", 512),
-        dropout=float(hf.get("hidden_dropout_prob", 0.1)),
-        attention_dropout=float(hf.get("attention_probs_dropout_prob", 0.1)),
+        n_heads=get("num_attention_heads", None),
+        n_layers=get("num_hidden_layers", None),
+        d_ff=get("intermediate_size", 4 * hidden),
+        max_seq_len=get("max_position_embeddings", 512),
+        dropout=get("hidden_dropout_prob", 0.1, float),
+        attention_dropout=get("attention_probs_dropout_prob", 0.1, float),
         activation=_ACT_FROM_HF[act],
         norm_first=False,
-        layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+        layer_norm_eps=get("layer_norm_eps", 1e-12, float),
         positional="learned",
-        type_vocab_size=hf.get("type_vocab_size", 2),
+        type_vocab_size=get("type_vocab_size", 2),
         tie_embeddings=True,
-        pad_token_id=hf.get("pad_token_id") or 0,
-        init_std=float(hf.get("initializer_range", 0.02)),
+        pad_token_id=get("pad_token_id", None, int | None) or 0,
+        init_std=get("initializer_range", 0.02, float),
     )
 
 

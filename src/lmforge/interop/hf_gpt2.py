@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmforge.config import ModelConfig
+from lmforge.config import ModelConfig, _coerce
 from lmforge.errors import LmforgeError
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
@@ -51,6 +51,13 @@ _HF_DEFAULTS: dict[str, Any] = {
     "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
     "activation_function": "gelu_new", "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1,
     "layer_norm_epsilon": 1e-5, "initializer_range": 0.02, "tie_word_embeddings": True,
+}
+
+# The JSON types of the keys read (a hand-edited config.json is checked before any arithmetic on its values).
+_HF_TYPES: dict[str, Any] = {
+    "vocab_size": int, "n_positions": int, "n_embd": int, "n_layer": int, "n_head": int, "n_inner": int | None,
+    "activation_function": str, "resid_pdrop": float, "embd_pdrop": float, "attn_pdrop": float,
+    "layer_norm_epsilon": float, "initializer_range": float, "tie_word_embeddings": bool,
 }
 
 # Non-parameter buffers that older checkpoints saved (the causal-mask table and its fill value).
@@ -96,10 +103,9 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         raise LmforgeError(f"config_from_hf expects a GPT-2 config (model_type 'gpt2'); got {model_type!r}")
 
     def get(name: str) -> Any:
-        if name == "n_positions" and "n_positions" not in hf and "n_ctx" in hf:  # very old configs
-            return hf["n_ctx"]
-        value = hf.get(name)
-        return _HF_DEFAULTS[name] if value is None else value
+        key = "n_ctx" if name == "n_positions" and "n_positions" not in hf and "n_ctx" in hf else name  # old configs
+        value = hf.get(key)
+        return _coerce(_HF_DEFAULTS[name] if value is None else value, _HF_TYPES[name], key)
 
     problems = []
     if hf.get("add_cross_attention"):
@@ -127,16 +133,16 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         n_layers=get("n_layer"),
         d_ff=get("n_inner") if get("n_inner") is not None else 4 * d_model,
         max_seq_len=get("n_positions"),
-        dropout=float(get("resid_pdrop")),
-        attention_dropout=float(get("attn_pdrop")),
+        dropout=get("resid_pdrop"),
+        attention_dropout=get("attn_pdrop"),
         activation=_ACT_FROM_HF[act],
         norm_first=True,
-        layer_norm_eps=float(get("layer_norm_epsilon")),
+        layer_norm_eps=get("layer_norm_epsilon"),
         positional="learned",
         type_vocab_size=0,
-        tie_embeddings=bool(get("tie_word_embeddings")),
+        tie_embeddings=get("tie_word_embeddings"),
         scale_embeddings=False,
-        init_std=float(get("initializer_range")),
+        init_std=get("initializer_range"),
         **extra,
     )
 

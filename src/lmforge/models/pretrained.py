@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ log = logging.getLogger("lmforge")
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT_VERSION = 1
+_MAX_HEADER_BYTES = 100 * 2**20  # safetensors refuses longer headers too
+_MAX_COMPUTED_BYTES = 2**30  # buffers a model computes from its config (position tables): far above any real need
 
 
 @dataclass
@@ -103,7 +108,12 @@ def _config_of(model: nn.Module) -> ModelConfig:
 
 
 def read_config(directory: str | Path) -> dict[str, Any]:
-    """The raw ``config.json`` of a model folder, with a clear error when it is missing or malformed."""
+    """The raw ``config.json`` of a model folder, with a clear error when it is missing or malformed.
+
+    For an lmforge config the fields loaders rely on are checked too: ``format_version``, ``model`` (an object),
+    ``head`` (see ``lmforge.heads.check_head_spec``) and ``tied`` (names to names); the model's values are checked
+    when ``load_pretrained`` parses them.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise InputFileError(f"{directory}: no such model folder")
@@ -111,25 +121,132 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputFileError(f"{directory}: no {CONFIG_NAME}; is this a model folder (saved by lmforge or a "
                              "Hugging Face BERT/GPT-2 checkpoint)?")
+    raw = _read_json(path)
+    if not isinstance(raw, dict):
+        raise InputFileError(f"{path}: not a JSON object (it holds a {type(raw).__name__}); a model config is an "
+                             "object such as {\"format\": \"lmforge\", \"model\": {...}}")
+    if raw.get("format") == "lmforge":
+        _check_lmforge_fields(raw, path)
+    return raw
+
+
+def _read_json(path: Path) -> Any:
+    def no_constant(name: str) -> None:  # NaN and Infinity are not JSON, and no setting can use them
+        raise ValueError(f"{name} is not a JSON value")
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise InputFileError(f"{path}: not valid JSON ({err})") from err
+        return json.loads(path.read_bytes().decode("utf-8"), parse_constant=no_constant)
+    except UnicodeDecodeError as err:
+        raise InputFileError(f"{path}: not UTF-8 text (bad byte at offset {err.start}); the file is corrupt — "
+                             "save the model again or restore the file") from None
+    except RecursionError:
+        raise InputFileError(f"{path}: not valid JSON (nested too deeply)") from None
+    except ValueError as err:  # JSONDecodeError, or an integer with too many digits to convert
+        raise InputFileError(f"{path}: not valid JSON ({err})") from None
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file; a missing or corrupt file is a clear error (pickle is never read)."""
-    path = Path(path)
+def _check_lmforge_fields(raw: dict[str, Any], path: Path) -> None:
+    version = raw.get("format_version", FORMAT_VERSION)
+    if type(version) is int and version > FORMAT_VERSION:
+        raise InputFileError(f"{path}: saved by a newer lmforge (format_version {version}; this one reads "
+                             f"{FORMAT_VERSION}); upgrade lmforge")
+    if type(version) is not int or version < 1:
+        raise InputFileError(f"{path}: format_version {version!r:.40} is not a format lmforge writes; it must be "
+                             f"the integer {FORMAT_VERSION}")
+    if not isinstance(raw.get("model"), dict):
+        raise InputFileError(f"{path}: \"model\" must be an object of model settings (see ModelConfig), got "
+                             f"{raw.get('model')!r:.60}")
+    tied = raw.get("tied", {})
+    if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
+        raise InputFileError(f"{path}: \"tied\" must be an object mapping a weight's name to the name it is stored "
+                             f"under, got {tied!r:.60}")
+    if raw.get("head") is not None:
+        from lmforge.heads import check_head_spec
+
+        with _blaming(path):
+            check_head_spec(raw["head"])
+
+
+@contextmanager
+def _blaming(path: Path) -> Iterator[None]:
+    """Prefix an LmforgeError raised inside with ``path``, the file whose values caused it."""
+    try:
+        yield
+    except LmforgeError as err:
+        raise InputFileError(f"{path}: {err}") from None
+
+
+def _check_weights_file(path: Path) -> None:
+    if path.is_dir():
+        raise InputFileError(f"{path}: a folder, not a safetensors file")
     if not path.is_file():
         alt = [p.name for p in path.parent.glob("*.bin")] + [p.name for p in path.parent.glob("*.pt")]
         hint = (f"; the folder has {', '.join(alt)}, which lmforge does not read (pickle can run code): "
                 "convert it to safetensors first") if alt else ""
         raise InputFileError(f"{path}: weights file not found{hint}")
+
+
+def _unreadable(path: Path, reason: str) -> InputFileError:
+    return InputFileError(f"{path}: not a readable safetensors file ({reason}); the file is corrupt or truncated — "
+                          "save the model again")
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file; a missing or corrupt file is a clear error (pickle is never read)."""
+    path = Path(path)
+    _check_weights_file(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise InputFileError(f"{path}: not a readable safetensors file ({err}); the file is corrupt or "
-                             "truncated — save the model again") from err
+        raise _unreadable(path, str(err)) from err
+
+
+def read_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{tensor name: (dtype, shape)}`` of a safetensors file, from its header alone (no tensor is read).
+
+    The format: 8 bytes, a little-endian u64 N; N bytes of JSON ``{name: {"dtype", "shape", "data_offsets":
+    [begin, end]}, "__metadata__": {...}}``; then the data, which the offsets index. Loaders compare these shapes
+    with the model a config describes before building it, so a config that does not fit fails at once.
+
+    Raises:
+        InputFileError: the file is missing, not a file, or its header is truncated, absurd or malformed.
+    """
+    path = Path(path)
+    _check_weights_file(path)
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8:
+                raise _unreadable(path, f"{size} bytes, too short for a header")
+            if n > min(size - 8, _MAX_HEADER_BYTES):
+                raise _unreadable(path, f"its header length says {n} bytes but the file has {size}")
+            text = f.read(n)
+    except OSError as err:
+        raise InputFileError(f"{path}: cannot read the weights ({err.strerror or err})") from None
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise _unreadable(path, "its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise _unreadable(path, "its header is not a JSON object")
+    data_size = size - 8 - n
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+            valid = isinstance(dtype, str) and all(type(x) is int and x >= 0 for x in (*shape, begin, end))
+        except (TypeError, KeyError, ValueError):
+            valid = False
+        if not valid:
+            raise _unreadable(path, f"bad header entry for {name!r:.80}")
+        if not begin <= end <= data_size:
+            raise _unreadable(path, f"tensor {name!r:.80} lies at bytes {begin}-{end} of its data, which has "
+                                    f"{data_size}")
+        out[name] = (dtype, shape)
+    return out
 
 
 def build_backbone(config: ModelConfig) -> nn.Module:
@@ -147,25 +264,79 @@ def build_model(config: ModelConfig, head: dict[str, Any] | None) -> nn.Module:
     return TaskModel(backbone, build_head(head, config, backbone))
 
 
-def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], tied: dict[str, str], source: str,
-               allow_missing: tuple[str, ...] = ()) -> None:
-    """Load ``tensors`` into ``module``, naming every missing, unexpected or mis-shaped key."""
-    own = module.state_dict()
-    problems = []
-    for name, tensor in tensors.items():
-        if name in own and tuple(own[name].shape) != tuple(tensor.shape):
-            problems.append(f"{name} has shape {tuple(tensor.shape)} in the checkpoint but "
-                            f"{tuple(own[name].shape)} in the model")
-    missing = [k for k in own if k not in tensors and k not in tied and not k.startswith(allow_missing)]
-    unexpected = [k for k in tensors if k not in own]
+def _fit_problems(own: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], tied: dict[str, str],
+                  allow_missing: tuple[str, ...]) -> list[str]:
+    """What keeps weights of shapes ``found`` from loading into a module whose state has shapes ``own``."""
+    problems = [f"{name} has shape {shape} in the checkpoint but {own[name]} in the model"
+                for name, shape in found.items() if name in own and own[name] != shape]
+    missing = [k for k in own if k not in found and k not in tied and not k.startswith(allow_missing)]
+    unexpected = [k if k.isprintable() else repr(k) for k in found if k not in own]
     if missing:
         problems.append(f"missing key(s): {', '.join(missing[:20])}{' ...' if len(missing) > 20 else ''}")
     if unexpected:
         problems.append(f"unexpected key(s): {', '.join(unexpected[:20])}"
                         f"{' ...' if len(unexpected) > 20 else ''}")
+    return problems
+
+
+def load_state(module: nn.Module, tensors: dict[str, torch.Tensor], tied: dict[str, str], source: str,
+               allow_missing: tuple[str, ...] = ()) -> None:
+    """Load ``tensors`` into ``module``, naming every missing, unexpected or mis-shaped key."""
+    own = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    problems = _fit_problems(own, {k: tuple(v.shape) for k, v in tensors.items()}, tied, allow_missing)
     if problems:
         raise LmforgeError(f"{source}: the weights do not fit the model: " + "; ".join(problems))
     module.load_state_dict(tensors, strict=False)
+
+
+def check_fits(build: Callable[[], nn.Module], config: ModelConfig, shapes: dict[str, tuple[int, ...]],
+               tied: dict[str, str] | None, config_path: Path, weights: Path,
+               allow_missing: tuple[str, ...] = ()) -> None:
+    """Check that the model ``build()`` makes fits weights of ``shapes``, before anything is allocated.
+
+    ``build`` runs on the meta device, where a tensor has a shape but no memory, so a ``config.json`` whose sizes
+    are absurd (a vocabulary of 2e9) or merely wrong fails in milliseconds instead of allocating the model first.
+
+    Args:
+        tied: ``{alias: stored name}`` of the checkpoint; None: the aliases are the model's own shared tensors.
+        allow_missing: prefixes of model keys the weights may lack (they keep their initialisation).
+
+    Raises:
+        InputFileError: naming the config or the weights and what does not fit.
+    """
+    layers = config.n_layers + (config.n_decoder_layers or 0)
+    if layers > len(shapes) + len(tied or {}):  # every layer has weights; this also bounds the build loop below
+        raise InputFileError(f"{config_path}: the model has {layers} layers but {weights} holds only "
+                             f"{len(shapes)} tensors; the config does not describe these weights")
+    try:
+        with torch.device("meta"):
+            model = build()
+    except LmforgeError as err:
+        raise InputFileError(f"{config_path}: {err}") from None
+    except (RuntimeError, ValueError, OverflowError) as err:  # only the config drives this build: it is the culprit
+        raise InputFileError(f"{config_path}: cannot build the model it describes "
+                             f"({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+    state = model.state_dict(keep_vars=True)
+    own = {k: tuple(v.shape) for k, v in state.items()}
+    if tied is None:  # tensors the module shares: the same object under two names (meta tensors have no address)
+        first: dict[int, str] = {}
+        tied = {}
+        for name, tensor in state.items():
+            if first.setdefault(id(tensor), name) != name:
+                tied[name] = first[id(tensor)]
+    problems = _fit_problems(own, shapes, tied, allow_missing)
+    problems += [f"{alias} is tied to {target}, which has shape {shapes.get(target)} in the checkpoint but "
+                 f"{own[alias]} in the model" for alias, target in tied.items()
+                 if alias in own and alias not in shapes and shapes.get(target) != own[alias]]
+    if problems:
+        raise InputFileError(f"{weights}: the weights do not fit the model that {config_path.name} describes: "
+                             + "; ".join(problems))
+    # tables the model computes from its config (sinusoidal positions) are not weights: bound them separately
+    computed = sum(b.numel() * b.element_size() for k, b in model.named_buffers() if k not in state)
+    if computed > _MAX_COMPUTED_BYTES:
+        raise InputFileError(f"{config_path}: the model would need {computed / 2**30:.1f} GiB for tables computed "
+                             f"from its sizes (max_seq_len={config.max_seq_len}, d_model={config.d_model}); "
+                             "is max_seq_len right?")
 
 
 def _load_tokenizer(directory: Path) -> Any | None:
@@ -183,6 +354,9 @@ def _hf_model_type(raw: dict[str, Any]) -> str | None:
 def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / GPT-2 folder.
 
+    ``config.json`` is checked completely, then against the shapes in the weights' header (on the meta device),
+    before the model is built: a hand-edited folder fails at once with one line, whatever sizes it claims.
+
     Args:
         with_head: for a folder holding a ``TaskModel``, build the head too (else only the backbone).
 
@@ -194,23 +368,28 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     hf_type = _hf_model_type(raw)
     if hf_type is not None:
         return _load_hf(directory, raw, hf_type, with_head)
+    config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if raw.get("format") != "lmforge" or "model" not in raw:
-        raise InputFileError(f"{directory / CONFIG_NAME}: not an lmforge model config (no \"format\": "
+        raise InputFileError(f"{config_path}: not an lmforge model config (no \"format\": "
                              "\"lmforge\") and not a Hugging Face BERT/GPT-2 config")
-    if raw.get("format_version", 0) > FORMAT_VERSION:
-        raise InputFileError(f"{directory}: saved by a newer lmforge (format {raw['format_version']}); upgrade")
-    config = from_dict(ModelConfig, raw["model"], where=f"{directory / CONFIG_NAME}: model")
+    with _blaming(config_path):
+        config = from_dict(ModelConfig, raw["model"], where="model")
     head = raw.get("head") if with_head else None
-    tensors = read_weights(directory / WEIGHTS_NAME)
     tied = raw.get("tied", {})
-    if raw.get("head") is not None and not with_head:
-        prefix = "backbone."
-        tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-        tied = {k[len(prefix):]: v[len(prefix):] for k, v in tied.items() if k.startswith(prefix)}
+    shapes = {name: shape for name, (_, shape) in read_safetensors_header(weights).items()}
+    prefix = "backbone." if raw.get("head") is not None and not with_head else ""
+    shapes, tied = _strip(shapes, prefix), {k: v[len(prefix):] for k, v in _strip(tied, prefix).items()}
+    check_fits(lambda: build_model(config, head), config, shapes, tied, config_path, weights)
+    tensors = _strip(read_weights(weights), prefix)
     model = build_model(config, head)
-    load_state(model, tensors, tied, str(directory / WEIGHTS_NAME))
+    load_state(model, tensors, tied, str(weights))
     model.eval()
     return Loaded(model, config, head, _load_tokenizer(directory))
+
+
+def _strip(mapping: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries whose key starts with ``prefix``, without it (all of them for an empty prefix)."""
+    return {k[len(prefix):]: v for k, v in mapping.items() if k.startswith(prefix)}
 
 
 def load_backbone(directory: str | Path) -> Loaded:
@@ -218,40 +397,66 @@ def load_backbone(directory: str | Path) -> Loaded:
     return load_pretrained(directory, with_head=False)
 
 
+# Entries of Hugging Face checkpoints that copy another one (the tied decoder / LM head): the conversion compares
+# them by value, which meta tensors do not have, so the shape check leaves them out (the real load checks them).
+_HF_COPIES = {"bert": ("cls.predictions.decoder.weight",), "gpt2": ("lm_head.weight",)}
+
+
 def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool) -> Loaded:
-    tensors = read_weights(directory / WEIGHTS_NAME)
+    config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    if hf_type not in _HF_COPIES:
+        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT and GPT-2 "
+                             "layouts (model_type 'bert' or 'gpt2')")
+    _check_weights_file(weights)  # first: a folder of pickle weights needs converting whatever its config says
+    with _blaming(config_path):
+        config = _hf_config(hf_type, raw)
+    header = read_safetensors_header(weights)
+    meta = {k: torch.empty(shape, device="meta") for k, (_, shape) in header.items() if k not in _HF_COPIES[hf_type]}
+    try:
+        state, head, optional = _from_hf(hf_type, meta, with_head)
+    except LmforgeError as err:
+        raise InputFileError(f"{weights}: {err}") from None
+    except (IndexError, RuntimeError) as err:  # a tensor of a rank the conversion cannot split or transpose
+        raise InputFileError(f"{weights}: not a {hf_type} checkpoint's tensors ({err})") from None
+    untied_head = ("lm_head.",) if hf_type == "gpt2" else ()  # left out above; an untied model needs it
+    check_fits(lambda: build_model(config, head), config, {k: tuple(v.shape) for k, v in state.items()}, None,
+               config_path, weights, allow_missing=optional + untied_head)
+    with _blaming(weights):
+        state, head, optional = _from_hf(hf_type, read_weights(weights), with_head)
+    model = build_model(config, head)
+    fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
+    if fresh:
+        # BertForMaskedLM checkpoints have no pooler and no NSP classifier: those start from fresh weights.
+        log.warning("%s has no weights for %s; they keep their random initialisation", directory, ", ".join(fresh))
+    load_state(model, state, _tied_aliases(model), str(weights), allow_missing=optional)
+    model.eval()
+    return Loaded(model, config, head, _load_tokenizer(directory))
+
+
+def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:
     if hf_type == "bert":
         from lmforge.interop import hf_bert
 
-        config = hf_bert.config_from_hf(raw)
-        encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
-        head = {"type": "pretraining"} if (heads_sd is not None and with_head) else None
-        model = build_model(config, head)
-        # BertForMaskedLM checkpoints have no pooler and no NSP classifier: those start from fresh weights.
-        if head is None:
-            state, optional = encoder_sd, ("pooler.",)
-        else:
-            state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()},
-                     **{f"head.{k}": v for k, v in heads_sd.items()}}
-            optional = ("backbone.pooler.", "head.nsp.")
-        fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
-        if fresh:
-            log.warning("%s has no weights for %s; they keep their random initialisation", directory,
-                        ", ".join(fresh))
-        load_state(model, state, _tied_aliases(model), str(directory / WEIGHTS_NAME), allow_missing=optional)
-    elif hf_type == "gpt2":
+        return hf_bert.config_from_hf(raw)
+    from lmforge.interop import hf_gpt2
+
+    return hf_gpt2.config_from_hf(raw)
+
+
+def _from_hf(hf_type: str, tensors: dict[str, torch.Tensor], with_head: bool
+             ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, tuple[str, ...]]:
+    """(our state dict, head description, prefixes of keys the checkpoint may lack) of a Hugging Face state dict."""
+    if hf_type == "gpt2":
         from lmforge.interop import hf_gpt2
 
-        config = hf_gpt2.config_from_hf(raw)
-        head = None
-        model = build_model(config, None)
-        load_state(model, hf_gpt2.state_dict_from_hf(tensors), _tied_aliases(model),
-                   str(directory / WEIGHTS_NAME))
-    else:
-        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r} checkpoint; lmforge reads BERT and GPT-2 "
-                             "layouts (model_type 'bert' or 'gpt2')")
-    model.eval()
-    return Loaded(model, config, head, _load_tokenizer(directory))
+        return hf_gpt2.state_dict_from_hf(tensors), None, ()
+    from lmforge.interop import hf_bert
+
+    encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
+    if heads_sd is None or not with_head:
+        return encoder_sd, None, ("pooler.",)
+    state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()}, **{f"head.{k}": v for k, v in heads_sd.items()}}
+    return state, {"type": "pretraining"}, ("backbone.pooler.", "head.nsp.")
 
 
 def _tied_aliases(model: nn.Module) -> dict[str, str]:

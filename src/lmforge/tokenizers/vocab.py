@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from lmforge.errors import InputFileError
@@ -17,15 +18,21 @@ def load_vocab(path: str | Path) -> dict[str, int]:
     path = Path(path)
     if not path.is_file():
         raise InputFileError(f"{path}: vocabulary file not found; pass the folder or file that holds vocab.txt")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputFileError(f"{path}:{line}: not valid UTF-8 (byte {err.start}); a vocabulary file is UTF-8 text, "
+                             "one token per line") from None
     vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            token = line.rstrip("\n").rstrip("\r")
-            if token in vocab:
-                raise InputFileError(
-                    f"{path}:{lineno}: token {token!r} already appears on line {vocab[token] + 1}; "
-                    "each token must appear once (ids are line numbers)")
-            vocab[token] = lineno - 1
+    for lineno, line in enumerate(io.StringIO(text, newline=None), start=1):  # lines as open() splits them
+        token = line.rstrip("\n").rstrip("\r")
+        if token in vocab:
+            raise InputFileError(
+                f"{path}:{lineno}: token {token!r} already appears on line {vocab[token] + 1}; "
+                "each token must appear once (ids are line numbers)")
+        vocab[token] = lineno - 1
     if not vocab:
         raise InputFileError(f"{path}: the vocabulary file is empty")
     return vocab

@@ -437,14 +437,20 @@ class WordPieceTokenizer:
             vocab_file, config_file = path, path.parent / CONFIG_NAME
         else:
             raise InputFileError(f"{path}: no such tokenizer folder or vocab file")
-        vocab = load_vocab(vocab_file)
+        vocab = load_vocab(vocab_file)  # a binary or non-UTF-8 file: an error naming the file and line
         kwargs: dict[str, Any] = {}
         if config_file.is_file():
             try:
-                cfg = json.loads(config_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise InputFileError(f"{config_file}: not valid JSON ({err})") from err
-            kwargs = _kwargs_from_config(cfg)
+                cfg = json.loads(config_file.read_bytes().decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise InputFileError(f"{config_file}: not UTF-8 text (bad byte at offset {err.start}); delete it or "
+                                     "save the tokenizer again") from None
+            except (ValueError, RecursionError) as err:  # JSONDecodeError, a number too long, nesting too deep
+                raise InputFileError(f"{config_file}: not valid JSON ({err})") from None
+            if not isinstance(cfg, dict):
+                raise InputFileError(f"{config_file}: not a JSON object (it holds a {type(cfg).__name__}); a "
+                                     "tokenizer config is an object such as {\"do_lower_case\": true}")
+            kwargs = _kwargs_from_config(cfg, config_file)
         else:
             kwargs["lowercase"] = not any(
                 any(c.isupper() for c in tok) for tok in vocab if not (tok.startswith("[") and tok.endswith("]")))
@@ -455,7 +461,7 @@ class WordPieceTokenizer:
             raise LmforgeError(f"{vocab_file}: {err}") from None
 
 
-def _kwargs_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
+def _kwargs_from_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if "do_lower_case" in cfg:
         kwargs["lowercase"] = bool(cfg["do_lower_case"])
@@ -473,10 +479,18 @@ def _kwargs_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(max_len, int) and 0 < max_len < 1_000_000:  # HF writes 1e30 for "no limit"
         kwargs["model_max_length"] = max_len
     ours = cfg.get("lmforge", {})
+    if not isinstance(ours, dict):
+        raise InputFileError(f"{path}: \"lmforge\" must be an object, got {ours!r:.60}")
+    tokens = ours.get("special_tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise InputFileError(f"{path}: lmforge.special_tokens must be a list of tokens, got {tokens!r:.60}")
     if "special_tokens" in ours:
-        kwargs["special_tokens"] = list(ours["special_tokens"])
+        kwargs["special_tokens"] = tokens
     if "max_input_chars_per_word" in ours:
-        kwargs["max_input_chars_per_word"] = int(ours["max_input_chars_per_word"])
+        value = ours["max_input_chars_per_word"]
+        if type(value) is not int:
+            raise InputFileError(f"{path}: lmforge.max_input_chars_per_word must be an integer, got {value!r:.60}")
+        kwargs["max_input_chars_per_word"] = value
     return kwargs
 
 
