@@ -161,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if hasattr(args, "overrides") and len(dotted) == len(unknown):
                 args.overrides = [*args.overrides, *dotted]
             else:
-                getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+                bad = [u for u in unknown if u not in dotted] if hasattr(args, "overrides") else unknown
+                getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(bad)}")
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
     setup_logging(args.quiet)
@@ -174,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lmforge: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
     except OSError as err:  # a read-only, full or missing folder met anywhere: one line, never a traceback
+        if not err.filename:  # a failed write() names no file: name the command's output instead
+            out = getattr(args, "out", None) or getattr(args, "output", None)
+            err.filename = f"writing {out}" if out else None
         print(f"lmforge: error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -31,6 +31,12 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
 KERNELS = ("math", "sdpa")
 
 
+# Hard limits on single sizes, far above any real model (GPT-3 has 96 layers, d_model 12,288, d_ff 49,152): a typo or a
+# crafted file fails here, at once, instead of in the allocator. What fits in memory is checked when a model is built.
+MAX_SIZE = {"vocab_size": 1 << 24, "d_model": 1 << 16, "n_heads": 1 << 10, "n_layers": 1 << 10, "d_ff": 1 << 18,
+            "max_seq_len": 1 << 20}
+
+
 @dataclass
 class ModelConfig:
     """The shape and options of a Transformer model (BERT encoder, GPT decoder, or encoder-decoder).
@@ -91,6 +97,10 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name}={value!r} must be a positive integer")
+            elif value > MAX_SIZE[name]:
+                problems.append(f"{name}={value} is beyond any model lmforge can build (at most {MAX_SIZE[name]:,})")
+        if self.n_decoder_layers is not None and not 0 <= self.n_decoder_layers <= MAX_SIZE["n_layers"]:
+            problems.append(f"n_decoder_layers={self.n_decoder_layers} must be in [0, {MAX_SIZE['n_layers']:,}]")
         if not problems and self.d_model % self.n_heads:
             problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose "
                             f"n_heads among the divisors of {self.d_model}")
@@ -337,6 +347,8 @@ class TrainConfig:
         for name in ("eval_every", "save_every", "keep_last"):
             if getattr(self, name) < 0:
                 problems.append(f"{name}={getattr(self, name)} must be >= 0 (0 = off / keep all)")
+        if not 0 <= self.seed < 2**32:
+            problems.append(f"seed={self.seed} must be in [0, 2**32)")
         for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "warmup_ratio", "min_lr_ratio", "max_grad_norm"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name}={getattr(self, name)} must be a finite number")

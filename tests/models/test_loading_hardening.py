@@ -164,18 +164,25 @@ def test_evaluate_and_predict_report_a_bad_head_in_one_line(folder, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- sizes
+# what a config too large for its weights is told, by the first check that catches it
+ABSURD = ("do not fit|does not describe these weights|beyond any model lmforge can build|more than this machine's "
+          ".* of memory")
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 @pytest.mark.parametrize("model", [{"vocab_size": 2_000_000_000}, {"d_model": 1_200_000_000, "n_heads": 3},
                                    {"d_ff": 2_000_000_000}, {"n_layers": 1_000_000_000},
-                                   {"type_vocab_size": 2_000_000_000}])
+                                   {"type_vocab_size": 2_000_000_000},
+                                   # below ModelConfig's hard limits: caught by the safetensors header check
+                                   {"vocab_size": 10_000_000}, {"d_ff": 200_000}, {"n_layers": 1_000}])
 def test_absurd_sizes_fail_fast_without_allocating(folder, model):
     edit(folder, model=model)
     before, start = _peak_rss_mb(), time.perf_counter()
     for load in (load_pretrained, load_backbone):
-        with pytest.raises(LmforgeError, match="do not fit|does not describe these weights") as err:
+        with pytest.raises(LmforgeError, match=ABSURD) as err:
             load(folder)
         assert "\n" not in str(err.value)
     assert time.perf_counter() - start < 5
@@ -195,7 +202,8 @@ def test_a_position_table_too_large_to_compute(tmp_path):
     save_pretrained(ARCHITECTURES["seq2seq"](tiny("seq2seq", positional="sinusoidal")), tmp_path / "m")
     edit(tmp_path / "m", model={"max_seq_len": 2_000_000_000})
     start = time.perf_counter()
-    fails(load_pretrained, tmp_path / "m", r"GiB for tables computed from its sizes \(max_seq_len=2000000000")
+    fails(load_pretrained, tmp_path / "m", r"GiB for tables computed from its sizes \(max_seq_len=2000000000|"
+                                           r"max_seq_len=2000000000 is beyond any model lmforge can build")
     assert time.perf_counter() - start < 5
 
 
@@ -304,9 +312,9 @@ def test_hugging_face_folders_still_load(tmp_path):
 
 
 @pytest.mark.parametrize(("changes", "match"), [
-    ({"vocab_size": 2_000_000_000}, "do not fit"),
-    ({"hidden_size": 1_200_000_000, "intermediate_size": 37}, "do not fit"),
-    ({"num_hidden_layers": 1_000_000_000}, "does not describe these weights"),
+    ({"vocab_size": 2_000_000_000}, "do not fit|beyond any model lmforge can build"),
+    ({"hidden_size": 1_200_000_000, "intermediate_size": 37}, "do not fit|beyond any model lmforge can build"),
+    ({"num_hidden_layers": 1_000_000_000}, "does not describe these weights|beyond any model lmforge can build"),
     ({"num_hidden_layers": 4}, r"missing key\(s\): backbone.layers.2"),
     ({"hidden_size": "12"}, "hidden_size: expected an integer, got '12'"),
     ({"hidden_act": ["gelu"]}, r"hidden_act=\['gelu'\] is not supported"),
@@ -326,9 +334,9 @@ def test_hugging_face_bert_configs_are_checked_before_building(tmp_path, changes
 
 
 @pytest.mark.parametrize(("changes", "match"), [
-    ({"vocab_size": 2_000_000_000}, "do not fit"),
-    ({"n_positions": 2_000_000_000}, "do not fit"),
-    ({"n_layer": 1_000_000_000}, "does not describe these weights"),
+    ({"vocab_size": 2_000_000_000}, "do not fit|beyond any model lmforge can build"),
+    ({"n_positions": 2_000_000_000}, "do not fit|beyond any model lmforge can build"),
+    ({"n_layer": 1_000_000_000}, "does not describe these weights|beyond any model lmforge can build"),
     ({"n_embd": "12"}, "n_embd: expected an integer"),
     ({"activation_function": 3}, "activation_function: expected a string"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings: expected true or false"),
@@ -352,7 +360,7 @@ def test_hugging_face_weights_of_the_wrong_rank(tmp_path):
 
 @pytest.mark.parametrize(("arch", "model", "match"), [
     ("encoder", {"init_std": -1.0}, r"init_std=-1.0 must be in \[0, 10\)"),
-    ("rnn", {"d_model": 2**40}, "cannot build the model it describes"),
+    ("rnn", {"d_model": 2**40}, "beyond any model lmforge can build"),
 ])
 def test_configs_that_cannot_be_built_at_all(tmp_path, arch, model, match):
     extra = {"n_heads": 1} if arch == "rnn" else {}
@@ -360,3 +368,18 @@ def test_configs_that_cannot_be_built_at_all(tmp_path, arch, model, match):
     edit(tmp_path / "m", model=model)
     message = fails(load_pretrained, tmp_path / "m", match)
     assert message.count(str(tmp_path / "m" / "config.json")) == 1
+
+
+def test_a_new_model_that_cannot_fit_in_memory_is_refused_before_it_is_built(monkeypatch):
+    import os
+
+    from lmforge.models.pretrained import build_backbone, check_memory
+
+    config = tiny("encoder")
+    n = check_memory(config)
+    model = ARCHITECTURES["encoder"](config)
+    assert n == sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_PHYS_PAGES" else real(name))  # one page
+    with pytest.raises(LmforgeError, match=rf"this model has {n:,} parameters .* more than this machine's"):
+        build_backbone(config)

@@ -14,8 +14,8 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="input_format", choices=("auto", "lines", "documents"), default="auto",
                    help="lines: one sentence per line, blank lines between documents (BERT's format); "
                         "documents: each file is a document, split into sentences; auto: decide per file")
-    p.add_argument("--workers", type=Count(1), default=None, help="tokenizing processes (default: all cores)")
-    p.add_argument("--shard-tokens", type=Count(1), default=None, metavar="N", help="tokens per shard")
+    p.add_argument("--workers", type=Count(1, 256), default=None, help="tokenizing processes (default: all cores)")
+    p.add_argument("--shard-tokens", type=Count(1, 2**40), default=None, metavar="N", help="tokens per shard")
     p.add_argument("--overwrite", action="store_true",
                    help="move a non-empty --out aside (<name>.old-<time>) and prepare afresh")
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.commands.options import FRACTION, LEARNING_RATE, POSITIVE, SEED, Count, Rate
+from lmforge.commands.options import FRACTION, LEARNING_RATE, SEED, Count, Rate
 from lmforge.config import (
     PRESETS,
     TASKS,
@@ -73,14 +73,14 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", metavar="FILE", help="training data (CSV/TSV/JSONL, CoNLL, span JSONL, SQuAD JSON)")
     p.add_argument("--dev", metavar="FILE", help="dev data: evaluated every epoch; the best model is kept")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--epochs", type=POSITIVE)
-    p.add_argument("--batch-size", type=Count(1))
+    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True))
+    p.add_argument("--batch-size", type=Count(1, 65_536))
     p.add_argument("--lr", type=LEARNING_RATE)
-    p.add_argument("--max-length", type=Count(8), help="tokens per input, with [CLS]/[SEP] (default 128)")
+    p.add_argument("--max-length", type=Count(8, 1_000_000), help="tokens per input, with [CLS]/[SEP] (default 128)")
     p.add_argument("--warmup-ratio", type=FRACTION)
     p.add_argument("--weight-decay", type=Rate(0.0))
     p.add_argument("--seed", type=SEED)
-    p.add_argument("--max-steps", type=Count(1), help="default: epochs x batches per epoch")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="default: epochs x batches per epoch")
     p.add_argument("--crf", action="store_true", default=None, help="token task: a linear-chain CRF on the tags")
     p.add_argument("--freeze", metavar="MODE", help="none | all | embeddings | all-but-last:K")
     p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate")
@@ -301,7 +301,7 @@ def load_task_model(directory: str):
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
     p.add_argument("--data", required=True, metavar="FILE", help="labelled data in the task's format")
-    p.add_argument("--batch-size", type=Count(1), default=32)
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
     p.add_argument("--output", metavar="FILE.json", help="also write the metrics here")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
 
@@ -327,7 +327,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
     p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional)")
     p.add_argument("--output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
-    p.add_argument("--batch-size", type=Count(1), default=32)
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 

@@ -43,25 +43,27 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt", metavar="TEXT", help="one prompt (decoder) or source text (seq2seq)")
     source.add_argument("--input", metavar="FILE", help="UTF-8 text, one prompt per line (batched)")
     p.add_argument("--strategy", choices=STRATEGIES, default="greedy", help="default greedy")
-    p.add_argument("--beams", type=Count(1), default=4, metavar="K", help="beam size (beam; default 4)")
-    p.add_argument("--top", type=Count(1), default=1, metavar="T",
+    p.add_argument("--beams", type=Count(1, 1024), default=4, metavar="K", help="beam size (beam; default 4)")
+    p.add_argument("--top", type=Count(1, 1024), default=1, metavar="T",
                    help="hypotheses printed per prompt (beam: the best T <= K; sample: T samples; default 1)")
     p.add_argument("--length-penalty", default="none", metavar="NAME",
                    help="beam ranking: none (sum of log-probs), average (per token) or gnmt:ALPHA "
                         "(((5+|Y|)/6)^ALPHA; larger ALPHA favours longer outputs); default none")
     p.add_argument("--temperature", type=POSITIVE, metavar="T", help="sampling temperature (> 0; default 1)")
-    p.add_argument("--top-k", type=Count(1), metavar="K", help="sample from the K most likely tokens (default: all)")
+    p.add_argument("--top-k", type=Count(1, 10_000_000), metavar="K",
+                   help="sample from the K most likely tokens (default: all)")
     p.add_argument("--top-p", type=Rate(0.0, 1.0, low_open=True), metavar="P",
                    help="nucleus sampling: the smallest set with probability >= P")
     p.add_argument("--repetition-penalty", type=POSITIVE, metavar="R",
                    help="CTRL penalty for tokens already seen, prompt included (> 1 avoids them)")
-    p.add_argument("--no-repeat-ngram", type=Count(1), metavar="N", help="never repeat an N-gram")
-    p.add_argument("--max-new-tokens", type=Count(1), default=30, metavar="N", help="default 30")
+    p.add_argument("--no-repeat-ngram", type=Count(1, 1024), metavar="N", help="never repeat an N-gram")
+    p.add_argument("--max-new-tokens", type=Count(1, 1_000_000), default=30, metavar="N", help="default 30")
     p.add_argument("--stop", action="append", default=[], metavar="TOKEN",
                    help="a further vocabulary token that ends a generation besides [SEP] (repeatable), e.g. '.'")
     p.add_argument("--seed", type=SEED, metavar="S", help="seed of sampling (default: a random seed)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix at every step (slow)")
-    p.add_argument("--batch-size", type=Count(1), default=16, metavar="N", help="prompts per batch (default 16)")
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=16, metavar="N",
+                   help="prompts per batch (default 16)")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt with every hypothesis and score")
 
 

@@ -43,8 +43,9 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
                    help="one vector per word instead (words split as the tokenizer splits them), from its first "
                         "sub-word or the mean of its sub-words; writes .npz with arr_I (words, D), words_I and "
                         "spans_I (character start, end) for line I")
-    p.add_argument("--batch-size", type=Count(1), default=32)
-    p.add_argument("--max-length", type=Count(1), default=None, help="truncate longer inputs (default: the model's)")
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
+    p.add_argument("--max-length", type=Count(1, 1_000_000), default=None,
+                   help="truncate longer inputs (default: the model's)")
     p.add_argument("--overwrite", action="store_true")
 
 

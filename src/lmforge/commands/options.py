@@ -27,13 +27,20 @@ class Number:
         self.kind, self.low, self.high, self.low_open, self.high_open = kind, low, high, low_open, high_open
         self.__name__ = "integer" if kind is int else "number"  # argparse names the type in its own messages
 
+    def _show(self, value: float) -> str:
+        return f"{int(value):,}" if self.kind is int else f"{value:g}"
+
     def describe(self) -> str:
+        """``integer >= 1``, ``number in (0, 1]``, ``integer in [1, 65,536]``."""
         noun = "integer" if self.kind is int else "number"
-        low = None if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
-        high = None if self.high is None else f"{'<' if self.high_open else '<='} {self.high:g}"
-        if low and high:
-            return f"{noun}, {low} and {high}"
-        return f"{noun}{' ' + (low or high) if (low or high) else ''}"
+        if self.low is not None and self.high is not None:
+            return (f"{noun} in {'(' if self.low_open else '['}{self._show(self.low)}, {self._show(self.high)}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{noun} {'>' if self.low_open else '>='} {self._show(self.low)}"
+        if self.high is not None:
+            return f"{noun} {'<' if self.high_open else '<='} {self._show(self.high)}"
+        return noun
 
     def __call__(self, text: str) -> int | float:
         try:

@@ -63,10 +63,11 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")
     p.add_argument("--tokenizer", metavar="DIR", help="default: the tokenizer saved in the data folder")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--max-steps", type=Count(1))
-    p.add_argument("--batch-size", type=Count(1), help="sequences per optimizer step (all processes together)")
-    p.add_argument("--micro-batch-size", type=Count(1), help="sequences per forward pass (gradient accumulation)")
-    p.add_argument("--seq-len", type=Count(8))
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1))
+    p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step (all processes together)")
+    p.add_argument("--micro-batch-size", type=Count(1, 1 << 20),
+                   help="sequences per forward pass (gradient accumulation)")
+    p.add_argument("--seq-len", type=Count(8, 1_000_000))
     p.add_argument("--masking", choices=("token", "whole_word", "span"))
     p.add_argument("--lr", type=LEARNING_RATE)
     p.add_argument("--precision", choices=PRECISIONS)
@@ -98,7 +99,7 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
 
     from lmforge.config import model_config_from_preset
     from lmforge.heads import TaskModel, build_head
-    from lmforge.models import ARCHITECTURES
+    from lmforge.models.pretrained import build_backbone
 
     config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size})
     wants = "decoder" if run.data.objective == "clm" else "encoder"
@@ -110,7 +111,7 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
         raise LmforgeError(f"data.seq_len={run.data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
                            "lower --seq-len or raise --model.max_seq_len")
     torch.manual_seed(run.train.seed)  # a reproducible initialisation
-    backbone = ARCHITECTURES[config.arch](config)
+    backbone = build_backbone(config)  # after checking that it fits in memory
     head = HEADS[run.data.objective]
     if head is None:
         return backbone, config, None

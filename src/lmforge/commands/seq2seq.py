@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count
+from lmforge.commands.options import LEARNING_RATE, SEED, Count, Rate
 from lmforge.config import TrainConfig, apply_overrides, from_dict, load_toml, to_dict, toml_literal
 from lmforge.errors import LmforgeError
 
@@ -102,16 +102,17 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="rnn-seq2seq, transformer-base, ... (model sizes: --model.d_model=...)")
     p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer (default: train "
                                                       "one of vocab_size tokens on the training pairs)")
-    p.add_argument("--vocab-size", type=Count(10), metavar="N", help="without --tokenizer: the size of the vocabulary "
-                                                              "trained on the pairs (default 8000)")
+    p.add_argument("--vocab-size", type=Count(10, 10_000_000), metavar="N",
+                   help="without --tokenizer: the size of the vocabulary "
+                        "trained on the pairs (default 8000)")
     p.add_argument("--train-data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
     p.add_argument("--dev-data", metavar="FILE")
     p.add_argument("--test-data", metavar="FILE")
     p.add_argument("--out", metavar="DIR")
-    p.add_argument("--epochs", type=POSITIVE)
+    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True))
     p.add_argument("--lr", type=LEARNING_RATE)
-    p.add_argument("--batch-size", type=Count(1))
-    p.add_argument("--max-steps", type=Count(1))
+    p.add_argument("--batch-size", type=Count(1, 65_536))
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1))
     p.add_argument("--seed", type=SEED)
     p.add_argument("--resume", default="never", metavar="auto|never|PATH")
     p.add_argument("--overwrite", action="store_true")
@@ -163,7 +164,7 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
     import torch
 
     from lmforge.config import model_config_from_preset
-    from lmforge.models import ARCHITECTURES
+    from lmforge.models.pretrained import build_backbone
 
     config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size, "pad_token_id": pad_id})
     if config.arch not in ("seq2seq", "rnn_seq2seq"):
@@ -173,7 +174,7 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
         raise LmforgeError(f"data.max_source_len={run.data.max_source_len} exceeds the model's max_seq_len="
                            f"{config.max_seq_len}")
     torch.manual_seed(run.train.seed)
-    return ARCHITECTURES[config.arch](config), config
+    return build_backbone(config), config  # after checking that it fits in memory
 
 
 def decode_texts(model, tokenizer, features: list[dict[str, Any]], decode: DecodeConfig, *, batch_size: int = 32,

@@ -26,7 +26,7 @@ from lmforge.utils.io import (
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="text files, or folders searched for .txt files (read as UTF-8)")
-    p.add_argument("--vocab-size", type=Count(1), required=True, metavar="N", help="tokens to reach")
+    p.add_argument("--vocab-size", type=Count(1, 10_000_000), required=True, metavar="N", help="tokens to reach")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt and tokenizer_config.json")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
                    help="wordpiece: merge by freq(ab)/(freq(a)freq(b)); bpe-count: merge by freq(ab)")
@@ -35,7 +35,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-frequency", type=Count(1), default=2, metavar="K", help="never merge rarer pairs")
     p.add_argument("--limit-alphabet", type=Count(1), default=None, metavar="N",
                    help="keep only the N most frequent characters")
-    p.add_argument("--max-input-chars-per-word", type=Count(1), default=100, metavar="N")
+    p.add_argument("--max-input-chars-per-word", type=Count(1, 1_000_000), default=100, metavar="N")
     p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
 
 
@@ -72,7 +72,7 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="folder with vocab.txt (ours or BERT's)")
     p.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one input per line")
     p.add_argument("--pair-input", metavar="FILE", help="second segments, line by line with --input")
-    p.add_argument("--max-length", type=Count(1), metavar="N", help="truncate (longest first) to N tokens")
+    p.add_argument("--max-length", type=Count(1, 10_000_000), metavar="N", help="truncate (longest first) to N tokens")
     p.add_argument("--output", required=True, metavar="FILE.jsonl")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 

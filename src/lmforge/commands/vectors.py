@@ -33,14 +33,16 @@ def _add_common(p: argparse.ArgumentParser, window: int, epochs: int, batch: int
                    help="text files, or folders searched for .txt files (UTF-8; each line is a sentence)")
     p.add_argument("--out", required=True, metavar="FILE.txt", help="the vectors, in the word2vec format")
     p.add_argument("--binary", action="store_true", help="write the word2vec binary format instead of text")
-    p.add_argument("--dim", type=Count(1, 100_000), default=100, metavar="D", help="vector size (default 100)")
-    p.add_argument("--window", type=Count(1), default=window, metavar="W", help=f"maximal distance (default {window})")
-    p.add_argument("--min-count", type=Count(1), default=5, metavar="C", help="drop rarer words (default 5)")
-    p.add_argument("--epochs", type=Count(1), default=epochs, metavar="E", help=f"passes (default {epochs})")
-    p.add_argument("--workers", type=Count(1, 1024), default=_available_cores(), metavar="N",
+    p.add_argument("--dim", type=Count(1, 10_000), default=100, metavar="D", help="vector size (default 100)")
+    p.add_argument("--window", type=Count(1, 10_000), default=window, metavar="W",
+                   help=f"maximal distance (default {window})")
+    p.add_argument("--min-count", type=Count(1, 2**31 - 1), default=5, metavar="C", help="drop rarer words (default 5)")
+    p.add_argument("--epochs", type=Count(1, 100_000), default=epochs, metavar="E", help=f"passes (default {epochs})")
+    p.add_argument("--workers", type=Count(1, 128), default=min(_available_cores(), 128), metavar="N",
                    help="lock-free training threads (default: the cores available)")
-    p.add_argument("--batch-size", type=Count(1), default=batch, metavar="N", help=f"{batch_unit} per update "
-                   f"(default {batch})")
+    p.add_argument("--batch-size", type=Count(1, 1_000_000), default=batch, metavar="N",
+                   help=f"{batch_unit} per update "
+                        f"(default {batch})")
     p.add_argument("--seed", type=SEED, default=1)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where the tables live (default cpu)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
@@ -75,7 +77,7 @@ def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
                    help="subsampling threshold t; 0 keeps every word (default 1e-3)")
     p.add_argument("--alpha", type=POSITIVE, default=0.025, help="initial learning rate (default 0.025)")
     p.add_argument("--min-alpha", type=Rate(0.0), default=0.0001, help="final learning rate (default 0.0001)")
-    p.add_argument("--share-negatives", type=Count(1), default=8, metavar="G",
+    p.add_argument("--share-negatives", type=Count(1, 10_000), default=8, metavar="G",
                    help="consecutive centre words that share one draw of negatives (default 8; see "
                         "lmforge.embeddings.word2vec)")
 
@@ -121,7 +123,7 @@ def add_glove_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--x-max", type=POSITIVE, default=100.0, help="weighting cut-off x_max (default 100)")
     p.add_argument("--alpha", type=POSITIVE, default=0.75, help="weighting exponent (default 0.75)")
     p.add_argument("--lr", type=LEARNING_RATE, default=0.05, help="AdaGrad's initial learning rate (default 0.05)")
-    p.add_argument("--max-entries", type=Count(1), default=20_000_000, metavar="N",
+    p.add_argument("--max-entries", type=Count(1, 2**31 - 1), default=20_000_000, metavar="N",
                    help="co-occurrence entries held in memory while counting; more spill to temporary files")
 
 

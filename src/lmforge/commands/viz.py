@@ -62,7 +62,7 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     pair.add_argument("--pair-file", metavar="FILE", help="read --pair from a UTF-8 file")
     p.add_argument("--layers", metavar="I[,J...]", help="layer indices to show, e.g. 0,1 or -1 (default: all)")
     p.add_argument("--heads", metavar="I[,J...]", help="head indices to show (default: all)")
-    p.add_argument("--max-length", type=Count(1), metavar="N",
+    p.add_argument("--max-length", type=Count(1, 1_000_000), metavar="N",
                    help="truncate longer inputs (default: the model's limit)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="HTML only: weights stored exactly (float32) or quantised per row (uint16, uint8); auto "

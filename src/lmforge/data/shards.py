@@ -505,9 +505,11 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
         raise InputFileError(f"{path}: no {MANIFEST_NAME}, so this is not a prepared corpus (or its preparation "
                              f"did not finish); {PREPARE_HINT.format(out=path)}")
     try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise InputFileError(f"{file}: not valid JSON ({err}); prepare the corpus again") from err
+        manifest = json.loads(file.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise InputFileError(f"{file}: not valid UTF-8 JSON ({str(err)[:120]}); prepare the corpus again") from None
+    if not isinstance(manifest, dict):
+        raise InputFileError(f"{file}: not a JSON object; prepare the corpus again")
     if manifest.get("format") != "lmforge-shards" or manifest.get("version") != FORMAT_VERSION:
         raise InputFileError(f"{file}: format {manifest.get('format')!r} version {manifest.get('version')!r} is "
                              f"not lmforge-shards version {FORMAT_VERSION}; prepare the corpus again")
@@ -524,7 +526,7 @@ class _Shard:
             self.ids = np.asarray(np.load(folder / f"{name}.ids.npy", mmap_mode="r"))
             self.sent = np.asarray(np.load(folder / f"{name}.sent.npy", mmap_mode="r"))
             self.doc = np.asarray(np.load(folder / f"{name}.doc.npy"))  # small: one int per document
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, EOFError) as err:
             raise InputFileError(f"{folder}: shard {name} is missing or unreadable ({err}); prepare the corpus "
                                  "again") from err
         if (len(self.ids), len(self.sent), len(self.doc)) != (entry["tokens"], entry["sentences"],

@@ -89,6 +89,11 @@ def load_word2vec(path: str | Path, binary: bool | None = None) -> KeyedVectors:
     header = data if end < 0 else data[:end]
     n, dim = _parse_header(path, header)
     body = b"" if end < 0 else data[end + 1:]
+    # every value takes at least one byte (4 in binary, a digit and a separator in text): a header that promises
+    # far more than the file can hold fails here, before the (n, dim) table is allocated
+    if n * max(dim, 1) > len(body):
+        raise InputFileError(f"{path}, line 1: the header says {n:,} vectors of {dim:,} dimensions, more than the "
+                             f"file's {len(body):,} bytes can hold; fix the header's counts or the truncated file")
     if binary is None:
         binary = _looks_binary(body, dim)
     words, vectors = (_read_binary if binary else _read_text)(path, body, n, dim)

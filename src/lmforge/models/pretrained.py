@@ -250,9 +250,37 @@ def read_safetensors_header(path: str | Path) -> dict[str, tuple[str, tuple[int,
 
 
 def build_backbone(config: ModelConfig) -> nn.Module:
+    """A freshly initialised model of ``config``, after checking on the meta device that it fits in memory."""
     from lmforge.models import ARCHITECTURES
 
+    check_memory(config)
     return ARCHITECTURES[config.arch](config)
+
+
+def check_memory(config: ModelConfig, *, fraction: float = 0.9) -> int:
+    """The parameter count of ``config``'s model (counted on the meta device: nothing is allocated); raise when its
+    float32 weights alone would take more than ``fraction`` of this machine's memory.
+
+    Raises:
+        LmforgeError: naming the size, the memory and the settings to lower.
+    """
+    from lmforge.models import ARCHITECTURES
+
+    try:
+        with torch.device("meta"):
+            model = ARCHITECTURES[config.arch](config)
+    except (RuntimeError, ValueError, OverflowError) as err:
+        raise LmforgeError(f"cannot build a {config.arch} of this config ({str(err).splitlines()[0]})") from None
+    n = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on every platform
+        return n
+    if 4 * n > fraction * memory:
+        raise LmforgeError(f"this model has {n:,} parameters ({4 * n / 2**30:,.1f} GiB in float32), more than this "
+                           f"machine's {memory / 2**30:,.1f} GiB of memory; lower vocab_size, d_model, d_ff, "
+                           "n_layers or max_seq_len")
+    return n
 
 
 def build_model(config: ModelConfig, head: dict[str, Any] | None) -> nn.Module:
@@ -339,12 +367,21 @@ def check_fits(build: Callable[[], nn.Module], config: ModelConfig, shapes: dict
                              "is max_seq_len right?")
 
 
-def _load_tokenizer(directory: Path) -> Any | None:
-    if not (directory / "vocab.txt").is_file():
+def _load_tokenizer(directory: Path, config: ModelConfig) -> Any | None:
+    """The folder's WordPiece tokenizer (None without vocab.txt); it may not have more ids than the embeddings."""
+    vocab = directory / "vocab.txt"
+    if vocab.exists() and not vocab.is_file():
+        raise InputFileError(f"{vocab}: is a folder, not a vocabulary file; remove it or put the vocab.txt there")
+    if not vocab.is_file():
         return None
     from lmforge.tokenizers import WordPieceTokenizer
 
-    return WordPieceTokenizer.from_pretrained(directory)
+    tokenizer = WordPieceTokenizer.from_pretrained(directory)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise InputFileError(f"{vocab}: {tokenizer.vocab_size:,} tokens, but the model's embeddings have "
+                             f"{config.vocab_size:,} rows, so some ids have no vector; this vocab.txt does not belong "
+                             "to this model")
+    return tokenizer
 
 
 def _hf_model_type(raw: dict[str, Any]) -> str | None:
@@ -384,7 +421,7 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     model = build_model(config, head)
     load_state(model, tensors, tied, str(weights))
     model.eval()
-    return Loaded(model, config, head, _load_tokenizer(directory))
+    return Loaded(model, config, head, _load_tokenizer(directory, config))
 
 
 def _strip(mapping: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -430,7 +467,7 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
         log.warning("%s has no weights for %s; they keep their random initialisation", directory, ", ".join(fresh))
     load_state(model, state, _tied_aliases(model), str(weights), allow_missing=optional)
     model.eval()
-    return Loaded(model, config, head, _load_tokenizer(directory))
+    return Loaded(model, config, head, _load_tokenizer(directory, config))
 
 
 def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:

@@ -48,7 +48,7 @@ from lmforge.models.pretrained import (
     save_pretrained,
 )
 from lmforge.training.logging import METRICS_NAME, truncate_metrics
-from lmforge.utils.io import atomic_open, atomic_write_bytes, describe_os_error, prepare_output_dir
+from lmforge.utils.io import atomic_open, atomic_write_bytes, prepare_output_dir
 
 log = logging.getLogger("lmforge")
 
@@ -152,9 +152,11 @@ def writing(target: Path, cleanup: Path | None = None) -> Iterator[None]:
     try:
         yield
     except (OSError, RuntimeError) as err:
+        if isinstance(err, OSError) and not err.filename:  # write() failures name no file
+            err.filename = str(target)
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
-        cause = describe_os_error(err) if isinstance(err, OSError) else str(err).strip().partition("\n")[0]
+        cause = (err.strerror or str(err)) if isinstance(err, OSError) else str(err).strip().partition("\n")[0]
         raise LmforgeError(f"{target}: could not write it ({cause}; {_free_space(target)}); free some space or "
                            "choose another output folder, then continue with --resume auto from the last complete "
                            "checkpoint") from err

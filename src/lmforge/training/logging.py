@@ -109,16 +109,19 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file (a torn last line, from a killed process, is skipped)."""
+    """The records of a metrics.jsonl file: one JSON object per line. A torn last line (from a killed process),
+    or any line that is not a JSON object, is skipped."""
     path = Path(path)
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
