@@ -263,3 +263,35 @@ def test_a_binary_input_is_called_binary_not_a_vocabulary_problem(tmp_path, caps
                      str(tmp_path / "tok")], capsys)
     assert_one_line_error(code, err, "corpus.txt:", "looks like a binary file")
     assert not (tmp_path / "tok").exists()
+
+
+def test_kill_9_during_data_prepare_leaves_no_output_and_the_next_run_cleans_up(tmp_path):
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 8))) for _ in range(2000)]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(12)) + ".\n" + ("\n" if i % 8 == 7 else "")
+                              for i in range(16_000)))
+    assert main(["-q", "tokenizer", "train", "--input", str(corpus), "--vocab-size", "300", "--out",
+                 str(tmp_path / "tok")]) == 0
+    out = tmp_path / "data"
+    argv = [sys.executable, "-m", "lmforge", "data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--input",
+            str(corpus), "--out", str(out), "--workers", "1", "--shard-tokens", "500"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.glob(".data.partial-*/shard-00003.ids.npy")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "data prepare finished before it could be killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # never shards without a manifest under the real name
+    (partial,) = tmp_path.glob(".data.partial-*")
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"removed {partial}, left by an interrupted run" in done.stderr
+    assert not partial.exists() and (out / "manifest.json").is_file() and (out / "tokenizer" / "vocab.txt").is_file()
