@@ -46,8 +46,13 @@ def main() -> int:
 
     import torch
 
-    from lmforge.cli import setup_logging
-    from lmforge.commands.seq2seq import (
+    from lmforge.config import TrainConfig
+    from lmforge.data.corpora import bbc_news_dir
+    from lmforge.data.sentences import split_sentences
+    from lmforge.data.seq2seq import bbc_headlines, featurize_pairs, headline_split
+    from lmforge.metrics import rouge_scores
+    from lmforge.models.pretrained import load_pretrained
+    from lmforge.recipes.seq2seq import (
         DecodeConfig,
         Seq2SeqDataConfig,
         Seq2SeqRun,
@@ -55,13 +60,8 @@ def main() -> int:
         decode_texts,
         evaluate_test,
     )
-    from lmforge.config import TrainConfig
-    from lmforge.data.corpora import bbc_news_dir
-    from lmforge.data.sentences import split_sentences
-    from lmforge.data.seq2seq import bbc_headlines, featurize_pairs, headline_split
-    from lmforge.metrics import rouge_scores
-    from lmforge.models.pretrained import load_pretrained
     from lmforge.tokenizers import WordPieceTrainer
+    from lmforge.utils.log import setup_logging
 
     setup_logging(quiet=True)
     machine = machine_description()
@@ -104,7 +104,7 @@ def main() -> int:
                          train=TrainConfig(lr=lr, batch_size=args.batch_size, beta2=0.98, eps=1e-9, weight_decay=0.0,
                                            log_every=20, **schedule))
         start = time.perf_counter()
-        trainer, tokenizer, test = build_seq2seq_trainer(run, set(), overwrite=True, progress=False)
+        trainer, tokenizer, test = build_seq2seq_trainer(run, overwrite=True, progress=False)
         trainer.fit()
         train_s = time.perf_counter() - start
         trainer.model = load_pretrained(run.out).model

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -22,6 +21,7 @@ from lmforge.commands import viz as viz_cmd
 from lmforge.commands.options import annotate_ranges
 from lmforge.errors import LmforgeError
 from lmforge.utils.io import describe_os_error
+from lmforge.utils.log import setup_logging  # noqa: F401  (re-exported: lmforge.cli.setup_logging)
 
 Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]
 
@@ -105,34 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
         annotate_ranges(sub)
         sub.set_defaults(run=run, command_parser=sub)
     return parser
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time (tests and notebooks replace it)."""
-
-    @property
-    def stream(self):  # type: ignore[override]
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:  # the base class assigns it once; the property ignores it
-        pass
-
-
-class _Formatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
-        return f"lmforge: {level}{record.getMessage()}"
-
-
-def setup_logging(quiet: bool = False) -> None:
-    logger = logging.getLogger("lmforge")
-    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(_Formatter())
-        logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    logger.propagate = False
 
 
 # Options whose values may start with "-" (layer indices such as -4,-3,-2,-1), which argparse would take for flags.

@@ -259,8 +259,8 @@ def _append_record(path: Path, record: dict[str, Any]) -> None:
 def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_file: Path, n_train: int, seed: int,
             tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
     """Fine-tune one approach on one subset; returns the test metrics and the wall time."""
-    from lmforge.commands.finetune import FinetuneRun, build_finetune_trainer
     from lmforge.config import TaskConfig, TrainConfig
+    from lmforge.recipes.finetune import FinetuneRun, build_finetune_trainer
 
     source = _model_source(approach, config)
     per_epoch = max(1, math.ceil(n_train / approach.batch_size))
@@ -268,13 +268,10 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
     task = TaskConfig(task="sequence", max_length=config.max_length, freeze=approach.freeze, head_lr=approach.head_lr,
                       epochs=epochs, init_embeddings=str(vectors[approach.vectors]) if approach.vectors else "")
     train = TrainConfig(lr=approach.lr, batch_size=approach.batch_size, warmup_ratio=0.1, seed=seed, eps=1e-8,
-                        log_every=10, eval_every=10**9, save_every=10**9, keep_last=1)
+                        log_every=10, eval_every=10**9, save_every=10**9, keep_last=1)  # evaluate once, at the end
     run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
                       preset_options=dict(approach.preset_options), train_file=str(train_file), dev_file=str(test_file),
                       out=str(run_dir), task=task, train=train)
-    run._max_steps_given = False  # type: ignore[attr-defined]
-    run._eval_every_given = True  # type: ignore[attr-defined]  evaluate once, at the end
-    run._save_every_given = True  # type: ignore[attr-defined]
     start = time.perf_counter()
     level = log.level
     log.setLevel(logging.WARNING)  # one summary line per run instead of every checkpoint and evaluation

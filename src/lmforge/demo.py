@@ -27,11 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from lmforge.cli import setup_logging
 from lmforge.data.corpora import bbc_news_dir
 from lmforge.data.text import ReadStats, collect_text_files, read_texts
 from lmforge.errors import LmforgeError
 from lmforge.tokenizers import WordPieceTokenizer, WordPieceTrainer
+from lmforge.utils.log import setup_logging
 
 DEFAULT_COMPARE = Path(__file__).resolve().parents[2] / "configs" / "compare-demo.toml"
 EXAMPLES = (
@@ -66,9 +66,9 @@ def train_tokenizers(texts: list[str], out: Path, vocab_size: int) -> Path:
 
 
 def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int, seq_len: int = 64) -> Path:
-    from lmforge.commands.pretrain import PretrainRun, build_trainer
     from lmforge.config import DataConfig, TrainConfig
     from lmforge.data.shards import prepare_corpus
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer
 
     data_dir = out / "bbc-shards"
     start = time.perf_counter()

@@ -79,7 +79,7 @@ class _TaskPipeline:
     expected: tuple[str, ...] = ()
 
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32) -> None:
-        from lmforge.commands.finetune import load_task_model
+        from lmforge.recipes.finetune import load_task_model
 
         self.model, self.task, self.tokenizer = load_task_model(str(model))
         if self.task.config.task not in self.expected:

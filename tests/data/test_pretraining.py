@@ -11,10 +11,17 @@ from lmforge.data.instances import TooFewDocumentsError
 from lmforge.data.pretraining import PretrainingData, split_documents
 from lmforge.data.shards import ShardedCorpus, prepare_corpus
 from lmforge.errors import LmforgeError
+from lmforge.objectives.registry import get_objective
 
 from .conftest import synthetic_documents, write_lines_file
 
 OBJECTIVES = ["mlm+nsp", "mlm", "span", "clm"]
+
+
+def data_for(corpus, cfg: DataConfig, tokenizer, **kwargs) -> PretrainingData:
+    """PretrainingData as the pretraining recipe makes it: the plan and masking of ``cfg.objective``."""
+    objective = get_objective(cfg.objective)
+    return PretrainingData(corpus, cfg, tokenizer, plan=objective.plan, masking=objective.masking_for(cfg), **kwargs)
 
 
 def config(**overrides) -> DataConfig:
@@ -47,7 +54,7 @@ def rows(batches: list[dict]) -> list[tuple]:
 @pytest.mark.parametrize("objective", OBJECTIVES)
 def test_batch_format(corpus, tokenizer, objective):
     masking = "whole_word" if objective == "mlm" else "token"
-    data = PretrainingData(corpus, config(objective=objective, masking=masking), tokenizer, seed=3)
+    data = data_for(corpus, config(objective=objective, masking=masking), tokenizer, seed=3)
     for batch in take(data, 3, 4):
         assert all(v.dtype == torch.long for v in batch.values())
         B, T = batch["input_ids"].shape
@@ -89,16 +96,16 @@ def test_batch_format(corpus, tokenizer, objective):
                                                ("span", True), ("clm", False)])
 def test_resume_gives_exactly_the_uninterrupted_batches(corpus, tokenizer, objective, static):
     cfg = config(objective=objective, static=static, dupe_factor=2)
-    full = PretrainingData(corpus, cfg, tokenizer, seed=11)
+    full = data_for(corpus, cfg, tokenizer, seed=11)
     per_epoch = full.examples_per_epoch() // 4
     total = per_epoch * 2 + 3  # crosses two epoch boundaries
     reference = take(full, 4, total)
     for cut in (1, per_epoch, per_epoch + 2):
-        first = PretrainingData(corpus, cfg, tokenizer, seed=11)
+        first = data_for(corpus, cfg, tokenizer, seed=11)
         head = take(first, 4, cut)
         state = first.state_dict()
         assert state["position"] % 4 == 0
-        resumed = PretrainingData(corpus, cfg, tokenizer, seed=11)
+        resumed = data_for(corpus, cfg, tokenizer, seed=11)
         resumed.load_state_dict(state)
         assert_same(head + take(resumed, 4, total - cut), reference)
     assert full.state_dict()["epoch"] >= 1
@@ -106,7 +113,7 @@ def test_resume_gives_exactly_the_uninterrupted_batches(corpus, tokenizer, objec
 
 def test_dynamic_masks_change_between_epochs_static_ones_do_not(corpus, tokenizer):
     for static in (False, True):
-        data = PretrainingData(corpus, config(objective="mlm", static=static, dupe_factor=1), tokenizer, seed=0)
+        data = data_for(corpus, config(objective="mlm", static=static, dupe_factor=1), tokenizer, seed=0)
         n = data.examples_per_epoch() // 2
         epochs = take(data, 2, 2 * n)
         first, second = sorted(rows(epochs[:n])), sorted(rows(epochs[n:]))
@@ -116,8 +123,8 @@ def test_dynamic_masks_change_between_epochs_static_ones_do_not(corpus, tokenize
 @pytest.mark.parametrize("objective", ["mlm+nsp", "span", "clm"])
 def test_ranks_split_the_examples_of_one_process(corpus, tokenizer, objective):
     cfg = config(objective=objective)
-    single = rows(take(PretrainingData(corpus, cfg, tokenizer, seed=5), 6, 5))
-    ranks = [rows(take(PretrainingData(corpus, cfg, tokenizer, seed=5, rank=r, world_size=2), 3, 5))
+    single = rows(take(data_for(corpus, cfg, tokenizer, seed=5), 6, 5))
+    ranks = [rows(take(data_for(corpus, cfg, tokenizer, seed=5, rank=r, world_size=2), 3, 5))
              for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) == 15
     assert sorted(ranks[0] + ranks[1]) == sorted(single)
@@ -126,15 +133,15 @@ def test_ranks_split_the_examples_of_one_process(corpus, tokenizer, objective):
 
 def test_eval_split_is_held_out_and_fixed(corpus, tokenizer):
     cfg = config(objective="mlm+nsp", eval_fraction=0.2)
-    train = PretrainingData(corpus, cfg, tokenizer, seed=1)
-    evaluation = PretrainingData(corpus, cfg, tokenizer, split="eval", seed=1)
+    train = data_for(corpus, cfg, tokenizer, seed=1)
+    evaluation = data_for(corpus, cfg, tokenizer, split="eval", seed=1)
     assert not set(train.documents) & set(evaluation.documents)
     assert sorted([*train.documents, *evaluation.documents]) == list(range(corpus.num_documents))
     assert len(evaluation.documents) == round(0.2 * corpus.num_documents)
     once, twice = list(evaluation.batches(4)), list(evaluation.batches(4))
     assert len(once) >= 2
     assert_same(once, twice)
-    other_seed = PretrainingData(corpus, cfg, tokenizer, split="eval", seed=99)
+    other_seed = data_for(corpus, cfg, tokenizer, split="eval", seed=99)
     assert_same(list(other_seed.batches(4)), once)  # evaluation does not depend on the training seed
     # the eval documents' tokens never appear in training batches' A segments
     eval_tokens = {tuple(corpus.document_tokens(d)[:6].tolist()) for d in evaluation.documents}
@@ -162,18 +169,18 @@ def one_document(tmp_path, tokenizer_dir) -> ShardedCorpus:
 
 def test_one_document_nsp_fails_clearly_and_mlm_works(one_document, tokenizer):
     with pytest.raises(TooFewDocumentsError, match="NSP needs at least two documents.*objective \"mlm\""):
-        PretrainingData(one_document, config(objective="mlm+nsp"), tokenizer)
+        data_for(one_document, config(objective="mlm+nsp"), tokenizer)
     assert issubclass(TooFewDocumentsError, LmforgeError)
-    data = PretrainingData(one_document, config(objective="mlm", seq_len=16), tokenizer)
+    data = data_for(one_document, config(objective="mlm", seq_len=16), tokenizer)
     assert take(data, 2, 1)[0]["input_ids"].shape[0] == 2
 
 
 def test_corpus_too_small_for_a_batch(one_document, tokenizer):
-    data = PretrainingData(one_document, config(objective="mlm", seq_len=128), tokenizer)
+    data = data_for(one_document, config(objective="mlm", seq_len=128), tokenizer)
     with pytest.raises(LmforgeError, match="fewer than one micro-batch"):
         data.batches(8)
     with pytest.raises(LmforgeError, match="no eval split"):
-        PretrainingData(one_document, config(objective="mlm"), tokenizer, split="eval")
+        data_for(one_document, config(objective="mlm"), tokenizer, split="eval")
 
 
 def test_tokenizer_mismatch_and_bad_state(corpus, tokenizer, tmp_path):
@@ -181,15 +188,15 @@ def test_tokenizer_mismatch_and_bad_state(corpus, tokenizer, tmp_path):
 
     other = WordPieceTokenizer(tokenizer.ids_to_tokens[:-1])
     with pytest.raises(LmforgeError, match="different one"):
-        PretrainingData(corpus, config(), other)
-    data = PretrainingData(corpus.path, config(), tokenizer, seed=4)  # a path works too
-    assert PretrainingData(None, config(path=str(corpus.path)), tokenizer).documents.tolist() == \
+        data_for(corpus, config(), other)
+    data = data_for(corpus.path, config(), tokenizer, seed=4)  # a path works too
+    assert data_for(None, config(path=str(corpus.path)), tokenizer).documents.tolist() == \
         data.documents.tolist()  # and so does data.path
     with pytest.raises(LmforgeError, match="set data.path"):
-        PretrainingData(None, config(), tokenizer)
+        data_for(None, config(), tokenizer)
     with pytest.raises(LmforgeError, match="seed 4"):
         data.load_state_dict({"epoch": 0, "position": 0, "seed": 5})
     with pytest.raises(LmforgeError, match="epoch and position"):
         data.load_state_dict({"epoch": 0})
     with pytest.raises(LmforgeError, match="rank"):
-        PretrainingData(corpus, config(), tokenizer, rank=2, world_size=2)
+        data_for(corpus, config(), tokenizer, rank=2, world_size=2)

@@ -91,6 +91,11 @@ def _check_seq_len(seq_len: int, minimum: int) -> None:
         raise LmforgeError(f"seq_len={seq_len} is too short; use at least {minimum}")
 
 
+# How pretraining examples are cut from a corpus (``lmforge.data.pretraining``): segment pairs with NSP labels
+# (BERT), packed full sentences (RoBERTa), single contiguous segments (SpanBERT), causal blocks (GPT).
+PLANS = ("nsp", "packed", "segments", "causal")
+
+
 class TooFewDocumentsError(LmforgeError):
     """NSP needs at least two documents; callers may catch this to fall back to objective "mlm"."""
 

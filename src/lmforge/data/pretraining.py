@@ -2,25 +2,26 @@
 
 Batch format (a dict of int64 torch tensors; B = micro-batch size, T = the longest sequence in the batch):
 
-* objectives ``"mlm+nsp"``, ``"mlm"``, ``"span"``:
+* masked-LM plans (``"nsp"``, ``"packed"``, ``"segments"``):
     - ``input_ids`` (B, T): corrupted ids, padded with the tokenizer's [PAD] id (0 for BERT vocabularies);
     - ``attention_mask`` (B, T): 1 = real token, 0 = padding;
     - ``token_type_ids`` (B, T): 0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]`` (only NSP pairs have 1s), 0 at padding;
     - ``mlm_labels`` (B, T): original id at predicted positions, -100 elsewhere (padding included);
-    - ``nsp_labels`` (B,): objective ``"mlm+nsp"`` only; 0 = B follows A, 1 = B is random;
+    - ``nsp_labels`` (B,): plan ``"nsp"`` only; 0 = B follows A, 1 = B is random;
     - ``sbo_left``, ``sbo_right`` (B, T): span masking only; position of the token just before / after the
       span holding each predicted token (valid where ``mlm_labels != -100``; -1 elsewhere);
     - ``sbo_offset`` (B, T): span masking only; 0-based position of the token inside its span (0 elsewhere).
-* objective ``"clm"``: ``input_ids`` (B, T), ``labels`` (B, T) = the next tokens (-100 at padding; blocks are
+* plan ``"causal"``: ``input_ids`` (B, T), ``labels`` (B, T) = the next tokens (-100 at padding; blocks are
   full length so there is none), ``attention_mask`` (B, T).
 
-Objectives (``DataConfig.objective``):
+Plans (``PLANS``: how examples are cut from the corpus; each pretraining objective names its plan and masking in
+``lmforge.objectives.registry``, so this module knows no objective by name):
 
-* ``"mlm+nsp"`` — BERT: segment pairs with NSP labels (``instances.plan_nsp_document``).
-* ``"mlm"`` — RoBERTa FULL-SENTENCES packing, no NSP, token types all 0.
-* ``"span"`` — SpanBERT: single contiguous segments of one document (the paper's single-sequence training),
-  masking forced to ``"span"``.
-* ``"clm"`` — GPT causal blocks of ``seq_len`` inputs (``seq_len + 1`` tokens with the shifted labels).
+* ``"nsp"`` — BERT: segment pairs with NSP labels (``instances.plan_nsp_document``).
+* ``"packed"`` — RoBERTa FULL-SENTENCES packing, no NSP, token types all 0.
+* ``"segments"`` — SpanBERT: single contiguous segments of one document (the paper's single-sequence training).
+* ``"causal"`` — GPT causal blocks of ``seq_len`` inputs (``seq_len + 1`` tokens with the shifted labels); no
+  masking.
 
 Determinism without carried RNG state. Every random draw comes from a generator made from a key:
 
@@ -35,9 +36,9 @@ exactly the batches the uninterrupted run would have produced.
 
 An epoch:
 
-* dynamic mode (default), ``"mlm+nsp"``: one pass over the training documents producing their segment pairs
+* dynamic mode (default), plan ``"nsp"``: one pass over the training documents producing their segment pairs
   (new pairs and new masks each epoch, as RoBERTa's dynamic masking; BERT's code made them once);
-* dynamic mode, other objectives: one pass over the fixed packed instances / segments / blocks (they depend
+* dynamic mode, other plans: one pass over the fixed packed instances / segments / blocks (they depend
   on the corpus only), with new masks each epoch;
 * static mode (``DataConfig.static``, BERT's original recipe): ``dupe_factor`` copies of the instances, each with
   its own pairs (NSP) and masks, the same every epoch. The masks are re-derived from their fixed keys when
@@ -49,7 +50,7 @@ example once. The tail of an epoch that cannot fill one micro-batch on every ran
 order differs, so no example is left out systematically).
 
 The eval split: a fixed fraction of the documents (``DataConfig.eval_fraction``, at least one document when
-the corpus has two or more; at least two for ``"mlm+nsp"`` when the corpus has four or more, so that random
+the corpus has two or more; at least two for plan ``"nsp"`` when the corpus has four or more, so that random
 next segments can be drawn inside the split), chosen by a permutation with a constant seed (``SPLIT_SEED``),
 the same for every training seed, and never used for training. Its examples and masks come from the constant
 ``EVAL_SEED``, so every evaluation sees the same batches. One evaluation is one pass, in plan order.
@@ -66,6 +67,7 @@ import torch
 
 from lmforge.config import DataConfig
 from lmforge.data.instances import (
+    PLANS,
     CausalBlocks,
     NspSpec,
     materialize_nsp,
@@ -153,20 +155,25 @@ class PretrainingData:
 
     Args:
         corpus: a ``ShardedCorpus``, the path of a prepared folder, or ``None`` for ``data_config.path``.
-        data_config: objective, lengths, masking options, static/dynamic, eval fraction.
+        data_config: lengths, masking options, static/dynamic, eval fraction.
+        plan: how examples are cut (``PLANS``).
+        masking: the masking strategy of the masked-LM plans (``None`` for ``"causal"``).
         tokenizer: the ``WordPieceTokenizer`` the corpus was prepared with (checked by hash).
         split: ``"train"`` or ``"eval"``.
         seed: the training seed (>= 0); the eval split ignores it (constant ``EVAL_SEED``).
         rank, world_size: this process's place under data parallelism.
 
     Raises:
-        TooFewDocumentsError: objective "mlm+nsp" with fewer than two documents in the split (an
-            ``LmforgeError``; catch it to offer objective "mlm").
+        TooFewDocumentsError: plan "nsp" with fewer than two documents in the split (an ``LmforgeError``;
+            the recipe catches it to fall back to the objective's ``fallback``).
         LmforgeError: an empty split, a mismatched tokenizer.
     """
 
-    def __init__(self, corpus: ShardedCorpus | str | Path | None, data_config: DataConfig, tokenizer, *,
-                 split: str = "train", seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, corpus: ShardedCorpus | str | Path | None, data_config: DataConfig, tokenizer, *, plan: str,
+                 masking: str | None, split: str = "train", seed: int = 0, rank: int = 0,
+                 world_size: int = 1) -> None:
+        if plan not in PLANS:
+            raise LmforgeError(f"plan={plan!r} is not one of {', '.join(PLANS)}")
         if split not in ("train", "eval"):
             raise LmforgeError(f"split={split!r} is not one of 'train', 'eval'")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -183,10 +190,10 @@ class PretrainingData:
             corpus = ShardedCorpus(corpus, tokenizer)
         self.corpus, self.config, self.tokenizer = corpus, data_config, tokenizer
         self.split, self.seed, self.rank, self.world_size = split, int(seed), rank, world_size
-        self.objective = data_config.objective
-        self.masking = None if self.objective == "clm" else ("span" if self.objective == "span"
-                                                             else data_config.masking)
-        nsp = self.objective == "mlm+nsp"
+        self.plan, self.masking = plan, (None if plan == "causal" else masking)
+        if self.masking is None and plan != "causal":
+            raise LmforgeError(f"plan {plan!r} makes masked-LM examples: give a masking strategy")
+        nsp = plan == "nsp"
         n_docs = corpus.num_documents
         train_docs, eval_docs = split_documents(n_docs, data_config.eval_fraction,
                                                 min_eval=2 if nsp and n_docs >= 4 else 1)
@@ -200,7 +207,7 @@ class PretrainingData:
                 detail = (f" (the {split} split has {len(self.documents)} of the corpus's {n_docs} documents; "
                           f"eval_fraction={data_config.eval_fraction} holds some out)")
             raise nsp_error(len(self.documents), detail)
-        self.static = data_config.static and split == "train" and self.objective != "clm"
+        self.static = data_config.static and split == "train" and plan != "causal"
         self._key_seed = self.seed if split == "train" else EVAL_SEED
         # token tables
         V = tokenizer.vocab_size
@@ -212,13 +219,13 @@ class PretrainingData:
         self._tokens_of = corpus.document_tokens
         # plans that depend on the corpus only
         T = data_config.seq_len
-        if self.objective == "mlm":
+        if plan == "packed":
             self._fixed = plan_packed(self.documents, corpus.sentence_offsets, T)
-        elif self.objective == "span":
+        elif plan == "segments":
             self._fixed = plan_segments(self.documents, corpus.sentence_offsets, T)
-        elif self.objective == "clm":
+        elif plan == "causal":
             self._fixed = CausalBlocks(corpus, T, eos_id=tokenizer.sep_id, documents=self.documents)
-        else:
+        else:  # "nsp": pairs drawn anew every epoch (or dupe_factor times when static)
             self._fixed = None
         self._plan_cache: tuple[int, Any] | None = None
         self._epoch = 0
@@ -278,7 +285,7 @@ class PretrainingData:
     # ------------------------------------------------------------------ examples
     def _example(self, plan: Any, i: int, epoch: int) -> Any:
         spec = plan[i]
-        if self.objective == "clm":
+        if self.plan == "causal":
             return spec
         if isinstance(spec, NspSpec):
             inst = materialize_nsp(spec, self._tokens_of, self.tokenizer.cls_id, self.tokenizer.sep_id)
@@ -297,12 +304,12 @@ class PretrainingData:
                         max_span_len=cfg.max_span_len)
         example = {"input_ids": m.input_ids, "token_type_ids": inst.token_type_ids, "mlm_labels": m.labels,
                    "sbo_left": m.sbo_left, "sbo_right": m.sbo_right, "sbo_offset": m.sbo_offset}
-        if self.objective == "mlm+nsp":
+        if self.plan == "nsp":
             example["nsp_label"] = inst.nsp_label
         return example
 
     def _collate(self, examples: list[Any]) -> dict[str, torch.Tensor]:
-        if self.objective == "clm":
+        if self.plan == "causal":
             return collate_causal(examples, self.tokenizer.pad_id)
         return collate_masked(examples, self.tokenizer.pad_id)
 
@@ -313,7 +320,7 @@ class PretrainingData:
         step = micro_batch_size * self.world_size
         return LmforgeError(
             f"the {self.split} split of {self.corpus.path} yields {n} example(s) per epoch "
-            f"({len(self.documents)} documents, objective {self.objective!r}, seq_len {self.config.seq_len}), "
+            f"({len(self.documents)} documents, plan {self.plan!r}, seq_len {self.config.seq_len}), "
             f"fewer than one micro-batch on every rank ({self.world_size} x {micro_batch_size} = {step}); add "
             "text to the corpus, or lower the micro-batch size, the number of processes or seq_len")
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmforge.data.spans import enumerate_spans
 from lmforge.errors import LmforgeError
-from lmforge.heads.span import enumerate_spans
 
 __all__ = ["collate_spans", "collate_tagging", "featurize_spans", "featurize_tagging", "split_words"]
 

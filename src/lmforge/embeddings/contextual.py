@@ -217,7 +217,7 @@ def embed_words(model: nn.Module, tokenizer, texts: Sequence[str] | Sequence[Seq
         One :class:`WordVectors` per input, in input order; ``vectors`` is (W_i, D') float32 with D' = D, or
         len(layers) * D for ``combine="concat"`` (an input without words gives a (0, D') array).
     """
-    from lmforge.heads.token import pool_words
+    from lmforge.nn.pooling import pool_words
 
     if word_pooling not in WORD_POOLINGS:
         raise LmforgeError(f"word_pooling={word_pooling!r} is not one of {', '.join(WORD_POOLINGS)}")

@@ -79,20 +79,7 @@ def check_head_spec(spec: Any, where: str = "head") -> dict[str, Any]:
     # nn.Dropout's own complaint is a bare ValueError
     if typed.get("dropout") is not None and not 0.0 <= typed["dropout"] < 1.0:
         raise LmforgeError(f"{where}.dropout: {typed['dropout']} must be in [0, 1)")
-    if spec.get(TASK_KEY) is not None:
-        _check_task(spec[TASK_KEY], kind, f"{where}.{TASK_KEY}")
-    return typed
-
-
-def _check_task(values: Any, kind: str, where: str) -> None:
-    from lmforge.config import TaskConfig, from_dict
-    from lmforge.tasks import make_task
-
-    if not isinstance(values, dict):
-        raise LmforgeError(f"{where}: expected a table of task settings, got {values!r:.80}")
-    wanted = make_task(from_dict(TaskConfig, values, where=where)).head_type
-    if wanted != kind:
-        raise LmforgeError(f"{where}: task {values.get('task', 'sequence')!r} uses a {wanted!r} head, not {kind!r}")
+    return typed  # the task settings saved beside the head are checked where tasks are known (persistence)
 
 
 def _builder(kind: str) -> Callable[..., nn.Module]:

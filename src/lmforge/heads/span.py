@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
+from lmforge.data.spans import count_spans, enumerate_spans
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import masked_softmax
 from lmforge.nn.feedforward import ACTIVATIONS
@@ -37,20 +38,6 @@ __all__ = [
 
 SPAN_POOLINGS = ("mean", "attention")
 IGNORE_INDEX = -100
-
-
-def enumerate_spans(n_words: int, max_span_width: int) -> list[tuple[int, int]]:
-    """All spans (i, j), 0 <= i <= j < n_words, j - i + 1 <= max_span_width, with j INCLUSIVE, ordered by j
-    then i (so the list for n words is a prefix of the list for n + 1 words)."""
-    if max_span_width < 1:
-        raise LmforgeError(f"max_span_width must be >= 1, got {max_span_width}")
-    return [(i, j) for j in range(n_words) for i in range(max(0, j - max_span_width + 1), j + 1)]
-
-
-def count_spans(n_words: int, max_span_width: int) -> int:
-    """``len(enumerate_spans(n_words, max_span_width))`` = m n - m (m - 1) / 2 with m = min(n, max width)."""
-    m = min(n_words, max_span_width)
-    return m * n_words - m * (m - 1) // 2
 
 
 class SpanClassificationOutput(NamedTuple):

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.crf import LinearChainCRF
+from lmforge.nn.pooling import WORD_POOLINGS, pool_words
 
 __all__ = [
     "SCHEMES",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 SUBWORD_MODES = ("first", "all")
-WORD_POOLINGS = ("first", "mean")
 SCHEMES = ("BIO", "BIOES", "IOB1", "IO")  # the CRF is constrained for BIO and BIOES, free for the others
 IGNORE_INDEX = -100
 
@@ -70,46 +70,6 @@ class TokenClassificationOutput(NamedTuple):
     subword_logits: Tensor
     loss_sum: Tensor | None = None
     loss_count: Tensor | None = None
-
-
-def pool_words(scores: Tensor, word_index: Tensor, n_words: int, how: str = "first") -> tuple[Tensor, Tensor]:
-    """Sub-word scores -> word scores.
-
-    Args:
-        scores: (B, T, L) per sub-word.
-        word_index: (B, T) long, the word of each sub-word (0-based), -1 for specials and padding.
-        n_words: W, the width of the word axis (> every index in ``word_index``).
-        how: "first" (the word's first sub-word) or "mean" (the average over the word's sub-words).
-
-    Returns:
-        (B, W, L) word scores (0 for absent words) and the (B, W) bool mask of present words.
-    """
-    if how not in WORD_POOLINGS:
-        raise LmforgeError(f"unknown word_pooling {how!r}; choose one of {', '.join(WORD_POOLINGS)}")
-    B, T, L = scores.shape
-    if tuple(word_index.shape) != (B, T):
-        raise LmforgeError(f"word_index must be (batch={B}, length={T}) like the input ids; got "
-                           f"{tuple(word_index.shape)}")
-    if word_index.is_floating_point() or word_index.dtype == torch.bool:
-        raise LmforgeError(f"word_index must hold integers (torch.long); got dtype {word_index.dtype}")
-    if word_index.numel() and int(word_index.max()) >= n_words:
-        raise LmforgeError(f"word_index refers to word {int(word_index.max())} but there are only {n_words} word "
-                           "slots (the labels' width); build both with the same featurizer")
-    if n_words == 0:  # no sentence has a word (scatter cannot index an empty axis)
-        return scores.new_zeros(B, 0, L), torch.zeros(B, 0, dtype=torch.bool, device=scores.device)
-    real = word_index >= 0  # (B, T)
-    slot = word_index.clamp(min=0)  # (B, T) specials point at word 0 but are masked out
-    counts = torch.zeros(B, n_words, device=scores.device).scatter_add_(1, slot, real.float())  # (B, W)
-    word_mask = counts > 0
-    if how == "first":
-        position = torch.arange(T, device=scores.device).expand(B, T).masked_fill(~real, T)  # (B, T)
-        first = torch.full((B, n_words), T, device=scores.device, dtype=torch.long)
-        first = first.scatter_reduce_(1, slot, position, reduce="amin").masked_fill(~word_mask, 0)  # (B, W)
-        pooled = scores.gather(1, first.unsqueeze(2).expand(B, n_words, L))  # (B, W, L)
-        return pooled.masked_fill(~word_mask.unsqueeze(2), 0.0), word_mask
-    summed = scores.new_zeros(B, n_words, L).scatter_add_(
-        1, slot.unsqueeze(2).expand(B, T, L), scores.masked_fill(~real.unsqueeze(2), 0.0))  # (B, W, L)
-    return summed / counts.clamp(min=1).unsqueeze(2).to(scores.dtype), word_mask
 
 
 class TokenClassificationHead(nn.Module):

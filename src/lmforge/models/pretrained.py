@@ -161,10 +161,24 @@ def _check_lmforge_fields(raw: dict[str, Any], path: Path) -> None:
         raise InputFileError(f"{path}: \"tied\" must be an object mapping a weight's name to the name it is stored "
                              f"under, got {tied!r:.60}")
     if raw.get("head") is not None:
-        from lmforge.heads import check_head_spec
+        from lmforge.heads import TASK_KEY, check_head_spec
 
         with _blaming(path):
             check_head_spec(raw["head"])
+            if raw["head"].get(TASK_KEY) is not None:
+                _check_task(raw["head"][TASK_KEY], raw["head"]["type"], f"head.{TASK_KEY}")
+
+
+def _check_task(values: Any, kind: str, where: str) -> None:
+    """The task settings saved with a fine-tuned head must describe a task that uses that head."""
+    from lmforge.config import TaskConfig
+    from lmforge.tasks import make_task
+
+    if not isinstance(values, dict):
+        raise LmforgeError(f"{where}: expected a table of task settings, got {values!r:.80}")
+    wanted = make_task(from_dict(TaskConfig, values, where=where)).head_type
+    if wanted != kind:
+        raise LmforgeError(f"{where}: task {values.get('task', 'sequence')!r} uses a {wanted!r} head, not {kind!r}")
 
 
 @contextmanager

@@ -1,8 +1,28 @@
-"""Losses that need a model and a batch; each follows the contract of ``lmforge.objectives.base``."""
+"""Losses that need a model and a batch (each follows the contract of ``lmforge.objectives.base``), and the registry
+of pretraining objectives (``lmforge.objectives.registry``). Imports are lazy, so that reading the registry (the
+command line does, for ``--objective``) does not import PyTorch."""
 
-from lmforge.objectives.base import ObjectiveOutput
-from lmforge.objectives.causal_lm import CausalLMObjective
-from lmforge.objectives.masked_lm import MaskedLMObjective, mlm_objective_for
-from lmforge.objectives.seq2seq import Seq2SeqObjective
+from __future__ import annotations
 
-__all__ = ["CausalLMObjective", "MaskedLMObjective", "ObjectiveOutput", "Seq2SeqObjective", "mlm_objective_for"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "ObjectiveOutput": "lmforge.objectives.base",
+    "CausalLMObjective": "lmforge.objectives.causal_lm",
+    "MaskedLMObjective": "lmforge.objectives.masked_lm",
+    "Seq2SeqObjective": "lmforge.objectives.seq2seq",
+    "OBJECTIVES": "lmforge.objectives.registry",
+    "PretrainingObjective": "lmforge.objectives.registry",
+    "get_objective": "lmforge.objectives.registry",
+    "register_objective": "lmforge.objectives.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'lmforge.objectives' has no attribute {name!r}")
+
+
+__all__ = list(_WHERE)

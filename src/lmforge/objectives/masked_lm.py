@@ -75,12 +75,6 @@ class MaskedLMObjective:
         return ObjectiveOutput(losses, metrics)
 
 
-def mlm_objective_for(objective: str) -> MaskedLMObjective:
-    """The objective behind a pretraining recipe name: ``mlm+nsp``, ``mlm`` or ``span``."""
-    return {"mlm+nsp": MaskedLMObjective(nsp=True), "mlm": MaskedLMObjective(),
-            "span": MaskedLMObjective(sbo=True)}[objective]
-
-
 @torch.no_grad()
 def masked_lm_accuracy(logits: Tensor, labels: Tensor) -> float:
     """Accuracy of argmax predictions at positions where ``labels`` is not -100 (a helper for reports)."""

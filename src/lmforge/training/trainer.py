@@ -53,6 +53,7 @@ the old folder to ``<out_dir>.old-<timestamp>`` (nothing is deleted) and starts 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -121,6 +122,17 @@ def resolve_device(name: str, info: dist.DistInfo) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LmforgeError(f"device={name!r} but CUDA is not available; use device=auto or cpu")
     return device
+
+
+def _settled(config: TrainConfig) -> TrainConfig:
+    """``config`` with nothing left to derive: ``max_steps`` must be set (a recipe derives it from epochs); unset
+    ``eval_every`` / ``save_every`` mean off."""
+    if config.max_steps is None:
+        raise LmforgeError("train.max_steps is not set: give it (--max-steps / --train.max_steps), or let a recipe "
+                           "derive it from epochs")
+    if config.eval_every is None or config.save_every is None:
+        config = dataclasses.replace(config, eval_every=config.eval_every or 0, save_every=config.save_every or 0)
+    return config
 
 
 def split_batch(config: TrainConfig, world_size: int) -> tuple[int, int]:
@@ -209,7 +221,7 @@ class Trainer:
                  evaluator: Callable[[nn.Module], dict[str, float]] | None = None, select: str | None = None,
                  lr_scales: dict[str, float] | None = None) -> None:
         self.dist = dist.init_distributed()
-        self.config = config
+        self.config = config = _settled(config)
         self.out_dir = Path(out_dir)
         self.objective, self.train_data, self.eval_data = objective, train_data, eval_data
         self.head, self.tokenizer, self.run_config, self.progress = head, tokenizer, run_config, progress

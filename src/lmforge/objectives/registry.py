@@ -1,0 +1,100 @@
+"""The pretraining objectives: one registry entry each, the single source of their names.
+
+An entry says everything the pretraining recipe needs, so that nothing else branches on an objective's name:
+
+- ``arch``: the model family it trains (``"encoder"``, ``"decoder"``);
+- ``head``: the head spec put on the backbone (``None``: the backbone's own LM head), with options taken from the
+  ``DataConfig`` by ``head_options``;
+- ``plan``: how examples are cut from the prepared corpus (one of ``lmforge.data.instances.PLANS``: segment pairs
+  with NSP labels, packed sentences, contiguous single segments, causal blocks);
+- ``masking``: ``"config"`` (the run's ``data.masking``), a fixed strategy (SpanBERT's ``"span"``), or ``None``;
+- ``loss``: builds the ``objective(model, batch)`` callable the Trainer runs;
+- ``fallback``: the objective used instead when the corpus is too small for this one (NSP needs two documents).
+
+Adding an objective = ``register_objective(PretrainingObjective(...))`` in its own file (imported by this module, or
+by the user's code before the run); ``lmforge pretrain --objective NAME`` then offers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmforge.errors import LmforgeError
+
+
+@dataclass(frozen=True)
+class PretrainingObjective:
+    """One pretraining objective (see the module docstring)."""
+
+    name: str
+    description: str
+    arch: str
+    plan: str
+    loss: Callable[[Any], Callable]  # DataConfig -> objective(model, batch)
+    head: dict[str, Any] | None = None
+    masking: str | None = "config"
+    head_options: Callable[[Any], dict[str, Any]] = field(default=lambda data: {})
+    fallback: str | None = None
+
+    def head_spec(self, data: Any) -> dict[str, Any] | None:
+        """The head to put on the backbone for a run with this ``DataConfig``."""
+        return None if self.head is None else {**self.head, **self.head_options(data)}
+
+    def masking_for(self, data: Any) -> str | None:
+        """The masking strategy of a run with this ``DataConfig``."""
+        return data.masking if self.masking == "config" else self.masking
+
+
+OBJECTIVES: dict[str, PretrainingObjective] = {}
+
+
+def register_objective(objective: PretrainingObjective) -> PretrainingObjective:
+    """Add ``objective`` to the registry (a name already taken is an error) and return it."""
+    from lmforge.data.instances import PLANS
+
+    if objective.name in OBJECTIVES:
+        raise LmforgeError(f"a pretraining objective named {objective.name!r} is already registered")
+    if objective.plan not in PLANS:
+        raise LmforgeError(f"objective {objective.name!r}: plan {objective.plan!r} is not one of {', '.join(PLANS)}")
+    OBJECTIVES[objective.name] = objective
+    return objective
+
+
+def get_objective(name: str) -> PretrainingObjective:
+    """The registered objective ``name``; an unknown name is an error that lists the choices."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise LmforgeError(f"objective={name!r} is not one of {', '.join(OBJECTIVES)}") from None
+
+
+def _masked_lm(**flags: bool) -> Callable[[Any], Callable]:
+    def build(data: Any) -> Callable:
+        from lmforge.objectives.masked_lm import MaskedLMObjective
+
+        return MaskedLMObjective(**flags)
+
+    return build
+
+
+def _causal_lm(data: Any) -> Callable:
+    from lmforge.objectives.causal_lm import CausalLMObjective
+
+    return CausalLMObjective()
+
+
+register_objective(PretrainingObjective(
+    "mlm+nsp", "BERT (Devlin et al. 2019): masked LM + next-sentence prediction", arch="encoder", plan="nsp",
+    head={"type": "pretraining"}, loss=_masked_lm(nsp=True), fallback="mlm"))
+register_objective(PretrainingObjective(
+    "mlm", "RoBERTa (Liu et al. 2019): masked LM on packed full sentences", arch="encoder", plan="packed",
+    head={"type": "mlm"}, loss=_masked_lm()))
+register_objective(PretrainingObjective(
+    "span", "SpanBERT (Joshi et al. 2020): span masking + span-boundary objective", arch="encoder",
+    plan="segments", head={"type": "span"}, head_options=lambda data: {"max_span_len": data.max_span_len},
+    masking="span", loss=_masked_lm(sbo=True)))
+register_objective(PretrainingObjective(
+    "clm", "GPT (Radford et al. 2018): causal LM on contiguous blocks", arch="decoder", plan="causal",
+    head=None, masking=None, loss=_causal_lm))

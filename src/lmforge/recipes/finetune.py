@@ -1,0 +1,205 @@
+"""The fine-tuning recipe: a task head on a pretrained encoder (sequence, pair, token, span, qa).
+
+``load_encoder`` takes an lmforge model folder (its head is dropped), a Hugging Face BERT folder, or a preset name (a
+new encoder, with a tokenizer); ``build_finetune_trainer`` reads the data, builds ``TaskModel(encoder, head)`` and
+returns the Trainer; ``load_task_model`` rebuilds a fine-tuned folder for evaluation, prediction and serving.
+``lmforge finetune`` / ``evaluate`` / ``predict`` are its command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmforge.config import (
+    PRESETS,
+    TaskConfig,
+    TrainConfig,
+    from_dict,
+    to_dict,
+)
+from lmforge.errors import InputFileError, LmforgeError
+
+log = logging.getLogger("lmforge")
+
+
+# Fine-tuning defaults of Devlin et al. (2019, appendix A.3: lr 5e-5 / 3e-5 / 2e-5, batch 16 / 32, 2-4 epochs) with
+# 10% linear warm-up as in google-research/bert's run_classifier.py.
+FINETUNE_DEFAULTS: dict[str, Any] = {"train": {"lr": 5e-5, "batch_size": 32, "warmup_ratio": 0.1, "log_every": 10,
+                                               "eps": 1e-8}}
+
+
+@dataclass
+class FinetuneRun:
+    """Everything one fine-tuning run needs."""
+
+    model: str = ""
+    tokenizer: str = ""
+    preset_options: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides for a preset --model
+    train_file: str = ""
+    dev_file: str = ""
+    out: str = ""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_options: dict[str, Any] | None = None):
+    """(backbone, ModelConfig, tokenizer) from a model folder or a preset name (see the module docstring)."""
+    import torch
+
+    from lmforge.config import model_config_from_preset
+    from lmforge.models.pretrained import build_backbone, load_backbone
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
+    path = Path(source)
+    if path.is_dir() and preset_options:
+        raise LmforgeError(f"preset_options ({', '.join(preset_options)}) only apply when --model is a preset name, "
+                           f"not a folder ({source})")
+    if path.is_dir():
+        loaded = load_backbone(path)
+        backbone, config = loaded.model, loaded.config
+        tokenizer = tokenizer or loaded.tokenizer
+        if tokenizer is None:
+            raise InputFileError(f"{path}: the model folder has no tokenizer (vocab.txt); pass --tokenizer DIR "
+                                 "with the tokenizer the model was trained with")
+    elif source in PRESETS:
+        if tokenizer is None:
+            raise LmforgeError(f"--model {source} builds a new, untrained encoder: pass --tokenizer DIR (e.g. one made "
+                               "by `lmforge tokenizer train`)")
+        config = model_config_from_preset(source, **{**(preset_options or {}), "vocab_size": tokenizer.vocab_size,
+                                                     "pad_token_id": tokenizer.pad_id})
+        torch.manual_seed(seed)
+        backbone = build_backbone(config)
+    else:
+        raise LmforgeError(f"--model {source}: not a folder and not a preset name (presets: {', '.join(PRESETS)})")
+    if config.arch not in ("encoder", "rnn"):
+        raise LmforgeError(f"--model {source} is a {config.arch}; fine-tuning heads need an encoder (BERT-style, "
+                           "or the rnn-attn preset for sequence tasks)")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise LmforgeError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
+                           f"{config.vocab_size}; pass the model's own tokenizer")
+    backbone.train()
+    return backbone, config, tokenizer
+
+
+def init_embeddings(backbone, tokenizer, path: str) -> float:
+    """Copy the vectors of ``path`` (word2vec text or binary format) into the token embedding rows of the tokens
+    they name; returns the fraction of the vocabulary covered (logged)."""
+    import torch
+
+    from lmforge.embeddings.io import load_word2vec
+
+    vectors = load_word2vec(path)
+    table = backbone.get_input_embeddings().weight
+    if vectors.vectors.shape[1] != table.shape[1]:
+        raise LmforgeError(f"{path}: vectors of dimension {vectors.vectors.shape[1]} cannot initialise embeddings "
+                           f"of width {table.shape[1]}; train vectors with --dim {table.shape[1]}")
+    rows, found = [], []
+    for token, row in tokenizer.vocab.items():
+        i = vectors.index.get(token)
+        if i is not None:
+            rows.append(row)
+            found.append(i)
+    if not rows:
+        raise LmforgeError(f"{path}: none of its words is a token of the tokenizer; train the vectors on text "
+                           "split by the same tokenizer")
+    with torch.no_grad():
+        table[torch.tensor(rows)] = torch.as_tensor(vectors.vectors[found], dtype=table.dtype)
+    coverage = len(rows) / tokenizer.vocab_size
+    log.info("init_embeddings: %d of %d tokens (%.1f%%) start from %s", len(rows), tokenizer.vocab_size,
+             100 * coverage, path)
+    return coverage
+
+
+def featurize(task, examples, tokenizer, path: str, *, training: bool):
+    try:
+        return task.featurize(examples, tokenizer, training=training)
+    except LmforgeError as err:
+        if str(err).startswith(str(path)):
+            raise
+        raise LmforgeError(f"{path}: {err}") from None
+
+
+def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite: bool = False,
+                           progress: bool = True):
+    """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task)."""
+    import torch
+
+    from lmforge.heads import TaskModel, build_head
+    from lmforge.tasks import make_task
+    from lmforge.tasks.base import FeatureData, TaskObjective
+    from lmforge.training.distributed import init_distributed
+    from lmforge.training.freeze import freeze, lr_scales
+    from lmforge.training.trainer import Trainer
+    from lmforge.utils.io import check_not_input
+
+    check_not_input(run.out, [p for p in (run.model, run.tokenizer, run.train_file, run.dev_file,
+                                          run.task.init_embeddings) if p and Path(p).exists()])
+    task = make_task(run.task)
+    backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
+    if run.task.init_embeddings:
+        init_embeddings(backbone, tokenizer, run.task.init_embeddings)
+    if run.task.max_length > config.max_seq_len:
+        raise LmforgeError(f"--max-length {run.task.max_length} exceeds the model's limit of {config.max_seq_len} "
+                           "positions; lower it (long texts: --long-text head-tail|chunks, or QA windows)")
+    train_examples = task.read(run.train_file, labelled=True)
+    task.fit_labels(train_examples)
+    train_features = featurize(task, train_examples, tokenizer, run.train_file, training=True)
+    evaluator = None
+    if run.dev_file:
+        dev_examples = task.read(run.dev_file, labelled=True)
+        dev_features = featurize(task, dev_examples, tokenizer, run.dev_file, training=False)
+        batch = run.train.micro_batch_size or run.train.batch_size
+
+        def evaluator(model):
+            return task.metrics(dev_examples, task.predict(model, dev_examples, dev_features, tokenizer,
+                                                           batch_size=batch))
+
+    info = init_distributed()
+    data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
+                       rank=info.rank, world_size=info.world_size)
+    per_epoch = data.steps_per_epoch(run.train.batch_size)
+    changes: dict[str, Any] = {}
+    if run.train.max_steps is None:
+        changes["max_steps"] = max(1, math.ceil(run.task.epochs * per_epoch))
+    if run.train.eval_every is None:
+        changes["eval_every"] = per_epoch if evaluator is not None else 0
+    if run.train.save_every is None:
+        changes["save_every"] = per_epoch
+    if changes:
+        run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
+    head_spec = task.head_spec()
+    torch.manual_seed(run.train.seed)  # the head's initialisation is part of the run's seed
+    model = TaskModel(backbone, build_head(head_spec, config, backbone))
+    frozen = freeze(model, run.task.freeze)
+    if frozen:
+        log.info("--freeze %s: %d of %d parameter tensors frozen", run.task.freeze, len(frozen),
+                 len(list(model.parameters())))
+    scales = lr_scales(model, lr=run.train.lr, head_lr=run.task.head_lr, layer_decay=run.task.layer_decay)
+    log.info("%s: %d training examples -> %d features, %d labels, %d steps (%d per epoch)", run.task.task,
+             len(train_examples), len(train_features), len(task.labels), run.train.max_steps, per_epoch)
+    trainer = Trainer(model, TaskObjective(task), data, run.train, run.out, model_config=config, head=head_spec,
+                      tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
+                      progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
+                      lr_scales=scales)
+    return trainer, task
+
+
+# ---------------------------------------------------------------------------------------------- evaluate, predict
+def load_task_model(directory: str):
+    """(model, task, tokenizer) of a fine-tuned model folder."""
+    from lmforge.models.pretrained import load_pretrained
+    from lmforge.tasks import task_from_head_spec
+
+    loaded = load_pretrained(directory)
+    if not loaded.head or "task" not in loaded.head:
+        raise LmforgeError(f"{directory}: not a fine-tuned model (its config.json has no task head); fine-tune it "
+                           "first with `lmforge finetune`")
+    if loaded.tokenizer is None:
+        raise InputFileError(f"{directory}: the model folder has no tokenizer (vocab.txt)")
+    return loaded.model, task_from_head_spec(loaded.head), loaded.tokenizer
