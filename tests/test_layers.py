@@ -16,7 +16,7 @@ SRC = Path(lmforge.__file__).parent
 
 # Lowest first. A module belongs to the first entry that names it or one of its packages.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "config", "utils")),
+    ("base", ("errors", "choices", "config", "utils")),
     ("leaves: text, tokens, scores (torch-light)", ("data", "tokenizers", "metrics")),
     ("blocks", ("nn",)),
     ("models and checkpoint formats", ("models", "interop")),

@@ -19,16 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from lmforge.choices import (
+    ACTIVATIONS,
+    ARCHITECTURES,
+    ATTENTION_SCORES,
+    KERNELS,
+    LONG_TEXT,
+    MASKINGS,
+    POSITIONALS,
+    PRECISIONS,
+    RNN_CELLS,
+    SCHEDULES,
+    SPAN_POOLINGS,
+    TAG_SCHEMES,
+    TASKS,
+    WORD_POOLINGS,
+)
 from lmforge.errors import InputFileError, LmforgeError
 
 T = TypeVar("T")
 
-ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq")
-RNN_CELLS = ("gru", "lstm")
-RNN_SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
-POSITIONALS = ("learned", "sinusoidal", "rotary")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
-KERNELS = ("math", "sdpa")
 
 
 # Hard limits on single sizes, far above any real model (GPT-3 has 96 layers, d_model 12,288, d_ff 49,152): a typo or a
@@ -90,7 +100,7 @@ class ModelConfig:
         problems = []
         for name, choices in (("arch", ARCHITECTURES), ("positional", POSITIONALS),
                               ("activation", ACTIVATIONS), ("kernel", KERNELS), ("rnn_cell", RNN_CELLS),
-                              ("attention", RNN_SCORES)):
+                              ("attention", ATTENTION_SCORES)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
@@ -295,9 +305,6 @@ def _deep_copy(values: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in values.items()}
 
 
-SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
-PRECISIONS = ("fp32", "bf16")
-MASKINGS = ("token", "whole_word", "span")
 
 
 @dataclass
@@ -421,11 +428,7 @@ class DataConfig:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
 
 
-TASKS = ("sequence", "pair", "token", "span", "qa")
-LONG_TEXT = ("truncate", "head-tail", "chunks")
-WORD_POOLINGS = ("first", "mean")
-SPAN_POOLINGS = ("mean", "attention")
-SCHEMES = ("auto", "BIO", "IOB1", "BIOES")
+SCHEMES = ("auto", *TAG_SCHEMES)  # auto: detected from the training tags
 
 
 @dataclass

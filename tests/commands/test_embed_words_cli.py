@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import lmforge
 from lmforge.cli import main
@@ -13,15 +12,6 @@ from lmforge.errors import LmforgeError
 from lmforge.models.pretrained import load_backbone
 
 LINES = ["Alice lives in Paris.", "", "bob saw carol , later"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """A tiny model runs faster on one thread, above all when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture()

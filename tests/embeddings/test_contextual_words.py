@@ -21,16 +21,6 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "zebra", "runs", "
 TEXTS = ["The zebras run slowly, qux!", "qux", "", "the zebra runs fast . the zebras runs slowly ."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and much faster when other jobs share the cores (the OpenMP
-    threads of a 2-thread matmul wait for each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     tok = WordPieceTokenizer(VOCAB)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,14 +20,6 @@ from lmforge.heads.pretraining import (
 from lmforge.models.encoder import Encoder
 
 B, T, V, D = 3, 7, 99, 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_config(**overrides) -> ModelConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -20,14 +19,6 @@ from lmforge.models.encoder import Encoder
 from lmforge.tokenizers import WordPieceTokenizer
 
 B, T, D = 3, 7, 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def encoder_output(seed: int = 0) -> SimpleNamespace:

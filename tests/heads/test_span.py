@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
@@ -26,14 +25,6 @@ from lmforge.tokenizers import WordPieceTokenizer
 
 B, W, D = 3, 7, 12
 LABELS = ["PER", "LOC"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class Out(NamedTuple):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import pytest
@@ -29,14 +28,6 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "smith", "mary", 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 L2I = {x: i for i, x in enumerate(LABELS)}
 PAD = 0
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ beam reordering, bad inputs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,15 +14,6 @@ from lmforge.models.decoder import Decoder, DecoderCache, DecoderOutput
 
 B, T, V, D, H, F = 3, 7, 99, 12, 3, 37
 POSITIONALS = ["learned", "sinusoidal", "rotary"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only adds synchronisation (see tests/nn/conftest.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(**overrides) -> ModelConfig:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,14 +11,6 @@ from lmforge.models.encoder import Encoder, EncoderOutput
 from lmforge.nn.attention import attention_weights
 
 B, T, V, D, H, F, L = 3, 7, 99, 12, 3, 37, 3
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: extra threads only add synchronisation
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_config(**overrides) -> ModelConfig:

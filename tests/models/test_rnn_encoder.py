@@ -4,7 +4,6 @@ head and layer-wise freezing on top of it, save/load, and ``lmforge finetune --t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,6 @@ from lmforge.training.freeze import freeze
 from tests.toy_tasks import make_encoder_dir, write_sequence
 
 B, T, V, D = 3, 7, 99, 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only adds synchronisation (see tests/nn/conftest.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(**overrides) -> ModelConfig:

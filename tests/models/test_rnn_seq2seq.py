@@ -4,8 +4,6 @@ scoring function (and local-m attention) learning a toy reverse/copy task to 100
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,15 +15,6 @@ from lmforge.models.pretrained import load_pretrained, save_pretrained
 from lmforge.models.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqOutput, RNNState
 
 B, S, T, V, D = 3, 7, 5, 29, 12
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only adds synchronisation (see tests/nn/conftest.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(**overrides) -> ModelConfig:

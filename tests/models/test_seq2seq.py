@@ -3,8 +3,6 @@ causality, embeddings sharing/tying, the transformer-base parameter count, kerne
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,15 +11,6 @@ from lmforge.errors import LmforgeError
 from lmforge.models.seq2seq import EncoderDecoder, Seq2SeqCache, Seq2SeqOutput
 
 B, S, T, V, D, H, F = 3, 7, 6, 99, 12, 3, 37
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread() -> Iterator[None]:
-    # Tiny tensors: a second thread only adds synchronisation (see tests/nn/conftest.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(**overrides) -> ModelConfig:

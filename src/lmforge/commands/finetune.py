@@ -15,9 +15,9 @@ import json
 import logging
 from pathlib import Path
 
+from lmforge.choices import LONG_TEXT, TAG_SCHEMES, TASKS
 from lmforge.commands.options import FRACTION, LEARNING_RATE, SEED, Count, Rate
 from lmforge.config import (
-    TASKS,
     load_toml,
 )
 from lmforge.errors import LmforgeError
@@ -65,8 +65,8 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate")
     p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True),
                    help="layer-wise learning-rate decay factor (e.g. 0.9)")
-    p.add_argument("--long-text", choices=("truncate", "head-tail", "chunks"))
-    p.add_argument("--scheme", choices=("auto", "BIO", "IOB1", "BIOES"), help="token task: the tag scheme")
+    p.add_argument("--long-text", choices=LONG_TEXT)
+    p.add_argument("--scheme", choices=("auto", *TAG_SCHEMES), help="token task: the tag scheme")
     p.add_argument("--text-column", help="default: text")
     p.add_argument("--text-pair-column", help="default: text_pair")
     p.add_argument("--label-column", help="default: label")

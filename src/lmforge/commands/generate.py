@@ -27,6 +27,7 @@ from typing import Any
 
 from lmforge.commands.options import POSITIVE, SEED, Count, Rate
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models import Architecture, architecture, architectures_with
 
 log = logging.getLogger("lmforge")
 
@@ -74,12 +75,14 @@ def run_generate(args: argparse.Namespace) -> int:
         raise LmforgeError(f"--batch-size {args.batch_size} must be >= 1")
     options = _options(args)
     config = GenerationConfig(**options)  # validates the options before the model is loaded
-    model, tokenizer, arch = _load(args.model)
+    model, tokenizer, family = _load(args.model)
     texts, where = _read_prompts(args)
     special = _special_ids(tokenizer, args.stop)
+    # An encoder-decoder's decoder starts from [CLS] (its training targets are [CLS] y [SEP]); a causal LM
+    # continues the prompt and needs no start token.
     config = config.replace(eos_id=tokenizer.sep_id, stop_ids=special, pad_id=tokenizer.pad_id,
-                            bos_id=tokenizer.cls_id if arch != "decoder" else None)
-    prompts = [_encode(tokenizer, text, arch, where(i), model.config.max_seq_len) for i, text in enumerate(texts)]
+                            bos_id=tokenizer.cls_id if family.has_encoder_decoder else None)
+    prompts = [_encode(tokenizer, text, family, where(i), model.config.max_seq_len) for i, text in enumerate(texts)]
     results = generate_batched(model, prompts, config, args.batch_size)
     out = sys.stdout
     for text, result in zip(texts, results, strict=True):
@@ -117,14 +120,17 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _load(directory: str) -> tuple[Any, Any, str]:
+def _load(directory: str) -> tuple[Any, Any, Architecture]:
+    """The model, its tokenizer and its family's record; refuses models that do not generate."""
     from lmforge.models.pretrained import load_pretrained
 
     loaded = load_pretrained(directory, with_head=False)
     arch = loaded.config.arch
-    if arch not in ("decoder", "seq2seq", "rnn_seq2seq"):
+    family = architecture(arch)
+    if not family.generates:
         raise LmforgeError(f"{directory} holds a {arch!r} model; generation needs a GPT decoder (lmforge pretrain "
-                           "--objective clm) or an encoder-decoder (lmforge train-seq2seq)")
+                           "--objective clm) or an encoder-decoder (lmforge train-seq2seq): one of "
+                           f"{', '.join(architectures_with('generates'))}")
     if loaded.tokenizer is None:
         raise InputFileError(f"{directory}: no vocab.txt, so no WordPiece tokenizer to turn text into ids. lmforge "
                              "tokenizers are WordPiece; a Hugging Face GPT-2 folder's byte-level BPE (vocab.json + "
@@ -132,7 +138,7 @@ def _load(directory: str) -> tuple[Any, Any, str]:
                              "lmforge.generation.generate on token ids from Python")
     log.info("loaded %s (%s, %d layers, vocabulary %d)", directory, arch, loaded.config.n_layers,
              loaded.config.vocab_size)
-    return loaded.model, loaded.tokenizer, arch
+    return loaded.model, loaded.tokenizer, family
 
 
 def _read_prompts(args: argparse.Namespace) -> tuple[list[str], Any]:
@@ -157,13 +163,16 @@ def _special_ids(tokenizer: Any, stops: list[str]) -> list[int]:
     return ids
 
 
-def _encode(tokenizer: Any, text: str, arch: str, where: str, max_len: int) -> list[int]:
+def _encode(tokenizer: Any, text: str, family: Architecture, where: str, max_len: int) -> list[int]:
+    """The ids of one prompt as training made them (see the module docstring); refuses a prompt longer than the
+    positions the model has."""
     pieces = tokenizer.encode_ids(text)
     if not pieces:
         raise LmforgeError(f"{where}: the prompt is empty (no tokens); give some text")
-    ids = [tokenizer.sep_id, *pieces] if arch == "decoder" else pieces
-    if arch != "rnn_seq2seq" and len(ids) > max_len:  # the RNN has no position table
-        extra = " with the leading [SEP]" if arch == "decoder" else ""
+    # A causal LM's prompt looks like the start of a document: right after the [SEP] that ends the previous one.
+    ids = [tokenizer.sep_id, *pieces] if family.is_causal_lm else pieces
+    if family.position_limited and len(ids) > max_len:  # a recurrent model reads any length
+        extra = " with the leading [SEP]" if family.is_causal_lm else ""
         raise LmforgeError(f"{where}: the prompt has {len(ids)} tokens{extra}, longer than the model's context "
                            f"(max_seq_len={max_len}); shorten it")
     return ids

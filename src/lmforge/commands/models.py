@@ -11,6 +11,7 @@ import io
 import json
 from pathlib import Path
 
+from lmforge.choices import TEXT_POOLINGS, WORD_POOLINGS
 from lmforge.commands.options import Count
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
@@ -23,9 +24,7 @@ from lmforge.utils.io import (
 )
 
 WEIGHTS_NAME = "model.safetensors"  # as lmforge.models.pretrained
-POOLINGS = ("none", "mean", "cls")  # as lmforge.embeddings.contextual (checked there too)
 COMBINES = ("mean", "sum", "concat")
-WORD_POOLINGS = ("first", "mean")
 
 
 def add_embed_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +35,7 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", default="-1", metavar="I[,J...]",
                    help="hidden-state indices: 0 = embeddings, -1 = last layer (default); e.g. -4,-3,-2,-1")
     p.add_argument("--combine", choices=COMBINES, default="mean", help="how several layers are combined")
-    p.add_argument("--pooling", choices=POOLINGS, default=None,
+    p.add_argument("--pooling", choices=TEXT_POOLINGS, default=None,
                    help="none: one vector per token (.npz, one array per line); mean over real tokens (default); "
                         "cls")
     p.add_argument("--word-pooling", choices=WORD_POOLINGS, default=None,
@@ -140,10 +139,17 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def export_to_hf(loaded) -> tuple[dict, dict]:
-    """Hugging Face config dict and state dict of a loaded lmforge model (BERT encoder or GPT decoder)."""
+    """Hugging Face config dict and state dict of a loaded lmforge model (BERT encoder or GPT decoder).
+
+    The family's ``hf_export`` names the layout; the branches below are about those concrete layouts (each has its
+    own converter in ``lmforge.interop``), not about lmforge's families.
+    """
+    from lmforge.models import architecture, architectures_with
+
     config = loaded.config
+    layout = architecture(config.arch).hf_export
     state = loaded.model.state_dict()
-    if config.arch == "encoder":
+    if layout == "bert":
         from lmforge.interop import hf_bert
 
         if loaded.head is not None:
@@ -154,8 +160,10 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
             heads = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
             return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)
         return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(state)
-    if config.arch == "decoder":
+    if layout == "gpt2":
         from lmforge.interop import hf_gpt2
 
         return hf_gpt2.config_to_hf(config), hf_gpt2.state_dict_to_hf(state, config)
-    raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are)")
+    exportable = ", ".join(f"{name} as {architecture(name).hf_export}" for name in architectures_with("hf_export"))
+    raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are: "
+                       f"{exportable})")

@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from lmforge.choices import MASKINGS, PRECISIONS
 from lmforge.commands.options import LEARNING_RATE, SEED, Count
-from lmforge.config import (
-    PRECISIONS,
-)
 from lmforge.errors import LmforgeError
 from lmforge.objectives.registry import OBJECTIVES
 from lmforge.recipes.pretrain import PretrainRun, build_trainer
@@ -45,7 +43,7 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-size", type=Count(1, 1 << 20),
                    help="sequences per forward pass (gradient accumulation)")
     p.add_argument("--seq-len", type=Count(8, 1_000_000))
-    p.add_argument("--masking", choices=("token", "whole_word", "span"))
+    p.add_argument("--masking", choices=MASKINGS)
     p.add_argument("--lr", type=LEARNING_RATE)
     p.add_argument("--precision", choices=PRECISIONS)
     p.add_argument("--save-every", type=Count(0))

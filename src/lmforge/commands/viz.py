@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lmforge.choices import VIEWER_PRECISIONS
 from lmforge.commands.options import Count, Rate
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.utils.io import prepare_output_file
 
-PRECISIONS = ("auto", "float32", "uint16", "uint8")  # as lmforge.viz.html (checked there too)
 METRICS_NAME = "metrics.jsonl"  # as lmforge.training.logging
 
 
@@ -64,7 +64,7 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", metavar="I[,J...]", help="head indices to show (default: all)")
     p.add_argument("--max-length", type=Count(1, 1_000_000), metavar="N",
                    help="truncate longer inputs (default: the model's limit)")
-    p.add_argument("--precision", choices=PRECISIONS, default="auto",
+    p.add_argument("--precision", choices=VIEWER_PRECISIONS, default="auto",
                    help="HTML only: weights stored exactly (float32) or quantised per row (uint16, uint8); auto "
                         "keeps float32 up to about 2 million weights")
     p.add_argument("--out", required=True, metavar="FILE.(png|html)",

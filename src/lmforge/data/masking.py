@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmforge.choices import MASKINGS
 from lmforge.errors import LmforgeError
 
 __all__ = [
@@ -51,7 +52,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
-STRATEGIES = ("token", "whole_word", "span")
+STRATEGIES = MASKINGS
 
 
 @dataclass

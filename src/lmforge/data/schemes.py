@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from lmforge.choices import TAG_SCHEMES
 from lmforge.errors import LmforgeError
 
 __all__ = [
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 Scheme = Literal["BIO", "IOB1", "BIOES"]
-SCHEMES: tuple[str, ...] = ("BIO", "IOB1", "BIOES")
+SCHEMES: tuple[str, ...] = TAG_SCHEMES
 _ALIASES = {"BIO": "BIO", "IOB2": "BIO", "IOB1": "IOB1", "BIOES": "BIOES", "IOBES": "BIOES", "BILOU": "BIOES"}
 _PREFIXES = {"BIO": "BI", "IOB1": "BI", "BIOES": "BIES"}
 _BILOU = {"L": "E", "U": "S"}

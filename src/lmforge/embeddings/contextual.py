@@ -24,13 +24,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from lmforge.choices import TEXT_POOLINGS, WORD_POOLINGS
 from lmforge.errors import LmforgeError
 
 log = logging.getLogger("lmforge")
 
-POOLINGS = ("none", "mean", "cls")
+POOLINGS = TEXT_POOLINGS
 COMBINES = ("mean", "sum", "concat")
-WORD_POOLINGS = ("first", "mean")  # as lmforge.heads.token
 
 
 class WordVectors(NamedTuple):

@@ -83,9 +83,22 @@ def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
 
 def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: list[str], regression: bool = False,
                         dropout: float | None = None) -> SequenceClassificationHead:
-    if getattr(backbone, "pooler", None) is None:
+    """The head for ``backbone`` (of family ``config.arch``), initialised as the family initialises its own weights.
+
+    Raises:
+        LmforgeError: the family has no pooled output to classify.
+    """
+    from lmforge.models import architecture, architectures_with
+
+    family = architecture(config.arch)
+    if not family.has_pooled_output:
+        pooled = architectures_with("has_pooled_output")
+        choices = ", ".join(f"{name} ({architecture(name).presets})" for name in pooled)
         raise LmforgeError(f"sequence classification reads the pooled [CLS] vector, which a {config.arch} backbone "
-                           "does not have; use an encoder (a bert-* preset or a BERT checkpoint)")
+                           f"does not have; use a family that has one: {choices} (a BERT checkpoint is an "
+                           "encoder)")
+    # BERT draws its classifier from N(0, init_std) like the rest of the model; a family with another scheme (the
+    # RNN's uniform init) keeps PyTorch's default for the classifier.
     return SequenceClassificationHead(config.d_model, labels, regression=regression,
                                       dropout=config.dropout if dropout is None else dropout,
-                                      init_std=config.init_std if config.arch == "encoder" else None)
+                                      init_std=config.init_std if family.uses_init_std else None)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.choices import SPAN_POOLINGS
 from lmforge.config import ModelConfig
 from lmforge.data.spans import count_spans, enumerate_spans
 from lmforge.errors import LmforgeError
@@ -36,7 +37,6 @@ __all__ = [
     "mean_pool",
 ]
 
-SPAN_POOLINGS = ("mean", "attention")
 IGNORE_INDEX = -100
 
 

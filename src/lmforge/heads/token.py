@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.choices import TAG_SCHEMES
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.crf import LinearChainCRF
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 SUBWORD_MODES = ("first", "all")
-SCHEMES = ("BIO", "BIOES", "IOB1", "IO")  # the CRF is constrained for BIO and BIOES, free for the others
+SCHEMES = (*TAG_SCHEMES, "IO")  # the CRF is constrained for BIO and BIOES, free for the others
 IGNORE_INDEX = -100
 
 

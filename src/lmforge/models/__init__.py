@@ -1,12 +1,20 @@
 """One readable file per model family: ``Encoder`` (BERT), ``Decoder`` (GPT), ``EncoderDecoder`` (Transformer),
 ``RNNEncoder`` (BiRNN + attention pooling) and ``RNNSeq2Seq`` (attentional RNN encoder-decoder).
 
-Imports are lazy so that importing one family never imports the others.
+Imports are lazy so that importing one family never imports the others, and importing this package imports no
+PyTorch at all (the command line lists and checks families before any model code is needed).
+
+Each family (``config.arch``) has one ``Architecture`` record in ``_REGISTRY``: where its class lives and what it
+can do. Code that behaves differently per family asks a capability (``architecture(config.arch).generates``)
+rather than comparing family names, so a new family is one record here, not an edit in every caller.
+``ARCHITECTURES[arch]`` still gives the class itself.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from typing import Any
 
 _WHERE = {
@@ -22,23 +30,136 @@ _WHERE = {
     "load_backbone": "lmforge.models.pretrained",
 }
 
-# config.arch -> class name
-_ARCH_CLASSES = {"encoder": "Encoder", "decoder": "Decoder", "seq2seq": "EncoderDecoder", "rnn": "RNNEncoder",
-                 "rnn_seq2seq": "RNNSeq2Seq"}
+
+@dataclass(frozen=True)
+class Architecture:
+    """One model family (a ``config.arch`` value): where its class is, and the capabilities callers ask about.
+
+    Attributes:
+        name: the ``config.arch`` value.
+        module: the module that defines the class (imported only by ``load``).
+        class_name: the class built from a ``ModelConfig`` of this family.
+        description: one line for listings and error messages.
+        presets: a hint of the presets of this family, as error messages suggest them (e.g. "bert-*").
+        encodes_text: a text encoder: ``forward(input_ids, attention_mask, output_hidden_states=True)`` returns
+            an ``EncoderOutput`` with per-token ``last_hidden_state`` and ``hidden_states`` (B, T, D), what
+            fine-tuning heads and the server's ``/embed`` read. (A decoder's causal states are not offered there.)
+        has_pooled_output: the output also has ``pooled_output`` (B, D), one vector per text (the backbone has a
+            ``pooler``): what sequence classification reads.
+        generates: ``lmforge.generation.adapter_for`` has an adapter for it, so it writes text token by token.
+        has_encoder_decoder: the input is a source read by an encoder, and a separate decoder writes the output
+            from a start token (``bos_id``); the prompt is not part of the output.
+        is_causal_lm: a decoder-only language model: the output continues the prompt in the same sequence, so
+            prompt and new tokens share one context window, and a prompt starts with [SEP] (the end-of-document
+            token its training stream puts before each document).
+        position_limited: reads at most ``config.max_seq_len`` positions per sequence (a position table, or a
+            length check); longer inputs must be cut. False: the recurrent families read any length (except with
+            the 'location' attention score, whose limit the model itself checks).
+        recurrent: an RNN: its size is set by ``rnn_cell``, ``bidirectional`` and ``attention`` rather than by
+            attention heads and Transformer layers.
+        returns_attention: ``forward(..., output_attentions=...)`` returns attention weights, which
+            ``lmforge.viz.attention`` draws.
+        uses_init_std: its weights are drawn from N(0, ``config.init_std``) (BERT, GPT-2), so task heads put on it
+            are initialised the same way; False: the family's own scheme (Xavier, uniform), and heads keep
+            PyTorch's default.
+        hf_export: the Hugging Face layout ``lmforge convert --to-hf`` writes it as ("bert", "gpt2"), or None.
+    """
+
+    name: str
+    module: str
+    class_name: str
+    description: str
+    presets: str
+    encodes_text: bool = False
+    has_pooled_output: bool = False
+    generates: bool = False
+    has_encoder_decoder: bool = False
+    is_causal_lm: bool = False
+    position_limited: bool = False
+    recurrent: bool = False
+    returns_attention: bool = False
+    uses_init_std: bool = False
+    hf_export: str | None = None
+
+    def load(self) -> type:
+        """The model class (its module is imported now)."""
+        return getattr(importlib.import_module(self.module), self.class_name)
+
+
+# Everything of a record that is not a capability: asking ``architectures_with`` about these is a mistake.
+_DESCRIPTIVE = ("name", "module", "class_name", "description", "presets")
+CAPABILITIES: tuple[str, ...] = tuple(f.name for f in fields(Architecture) if f.name not in _DESCRIPTIVE)
+
+# In the order of lmforge.choices.ARCHITECTURES (a test holds them equal).
+_REGISTRY: dict[str, Architecture] = {a.name: a for a in (
+    Architecture("encoder", "lmforge.models.encoder", "Encoder", "BERT-style Transformer encoder with a pooler",
+                 presets="bert-*", encodes_text=True, has_pooled_output=True, position_limited=True,
+                 returns_attention=True, uses_init_std=True, hf_export="bert"),
+    Architecture("decoder", "lmforge.models.decoder", "Decoder", "GPT-style causal Transformer language model",
+                 presets="gpt-*", generates=True, is_causal_lm=True, position_limited=True, returns_attention=True,
+                 uses_init_std=True, hf_export="gpt2"),
+    Architecture("seq2seq", "lmforge.models.seq2seq", "EncoderDecoder", "Transformer encoder-decoder",
+                 presets="transformer-*", generates=True, has_encoder_decoder=True, position_limited=True,
+                 returns_attention=True),
+    Architecture("rnn", "lmforge.models.rnn_encoder", "RNNEncoder",
+                 "bidirectional RNN encoder with attention pooling (a classifier backbone)",
+                 presets="rnn-attn", encodes_text=True, has_pooled_output=True, recurrent=True,
+                 returns_attention=True),
+    Architecture("rnn_seq2seq", "lmforge.models.rnn_seq2seq", "RNNSeq2Seq", "attentional RNN encoder-decoder",
+                 presets="rnn-seq2seq", generates=True, has_encoder_decoder=True, recurrent=True,
+                 returns_attention=True),
+)}
+
+
+def _unknown(name: object) -> Exception:
+    from lmforge.errors import LmforgeError  # here, so that importing this package stays minimal
+
+    return LmforgeError(f"unknown architecture {name!r}; choose one of {', '.join(_REGISTRY)}")
+
+
+def architecture(name: str) -> Architecture:
+    """The record of the family ``name`` (a ``config.arch`` value).
+
+    Raises:
+        LmforgeError: an unknown name; the message lists the known ones.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):  # TypeError: an unhashable value read from a config file
+        raise _unknown(name) from None
+
+
+def architectures_with(capability: str) -> list[str]:
+    """The names of the families that have ``capability`` (a true value), in registry order, e.g. for messages
+    such as "generation needs one of decoder, seq2seq, rnn_seq2seq".
+
+    Raises:
+        LmforgeError: ``capability`` is not one of ``CAPABILITIES`` (a typo would otherwise give an empty list).
+    """
+    if capability not in CAPABILITIES:
+        from lmforge.errors import LmforgeError
+
+        raise LmforgeError(f"unknown architecture capability {capability!r}; choose one of {', '.join(CAPABILITIES)}")
+    return [name for name, record in _REGISTRY.items() if getattr(record, capability)]
 
 
 class _Architectures:
-    """``ARCHITECTURES[arch]`` -> the model class (imported on first use)."""
+    """``ARCHITECTURES[arch]`` -> the model class (imported on first use); iterating gives the family names."""
 
     def __getitem__(self, arch: str) -> type:
-        if arch not in _ARCH_CLASSES:
-            from lmforge.errors import LmforgeError
+        return architecture(arch).load()
 
-            raise LmforgeError(f"unknown architecture {arch!r}; choose one of {', '.join(_ARCH_CLASSES)}")
-        return __getattr__(_ARCH_CLASSES[arch])
+    def __iter__(self) -> Iterator[str]:
+        return iter(_REGISTRY)
 
-    def __iter__(self):
-        return iter(_ARCH_CLASSES)
+    def __contains__(self, arch: object) -> bool:
+        try:
+            return arch in _REGISTRY
+        except TypeError:  # unhashable
+            return False
+
+    def __len__(self) -> int:
+        return len(_REGISTRY)
 
 
 ARCHITECTURES = _Architectures()
@@ -50,4 +171,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lmforge.models' has no attribute {name!r}")
 
 
-__all__ = ["ARCHITECTURES", *_WHERE]
+__all__ = ["ARCHITECTURES", "CAPABILITIES", "Architecture", "architecture", "architectures_with", *_WHERE]

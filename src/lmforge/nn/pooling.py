@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lmforge.choices import WORD_POOLINGS
 from lmforge.errors import LmforgeError
-
-WORD_POOLINGS = ("first", "mean")
 
 
 def pool_words(scores: Tensor, word_index: Tensor, n_words: int, how: str = "first") -> tuple[Tensor, Tensor]:

@@ -11,7 +11,6 @@ the NSP loss the mean over sequences, the SBO loss the mean over span tokens; th
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -73,10 +72,3 @@ class MaskedLMObjective:
             losses["sbo"] = (sbo_loss, n)
             metrics["sbo_accuracy"] = (sbo_correct, n)
         return ObjectiveOutput(losses, metrics)
-
-
-@torch.no_grad()
-def masked_lm_accuracy(logits: Tensor, labels: Tensor) -> float:
-    """Accuracy of argmax predictions at positions where ``labels`` is not -100 (a helper for reports)."""
-    mask = labels != IGNORE
-    return float((logits.argmax(-1)[mask] == labels[mask]).float().mean()) if mask.any() else 0.0

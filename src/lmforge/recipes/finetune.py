@@ -52,6 +52,7 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
     import torch
 
     from lmforge.config import model_config_from_preset
+    from lmforge.models import architecture, architectures_with
     from lmforge.models.pretrained import build_backbone, load_backbone
     from lmforge.tokenizers import WordPieceTokenizer
 
@@ -77,9 +78,12 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
         backbone = build_backbone(config)
     else:
         raise LmforgeError(f"--model {source}: not a folder and not a preset name (presets: {', '.join(PRESETS)})")
-    if config.arch not in ("encoder", "rnn"):
+    # Fine-tuning heads read per-token hidden states (and the sequence head the pooled output, which
+    # build_sequence_head checks): a generator has neither.
+    if not architecture(config.arch).encodes_text:
+        families = ", ".join(f"{name} ({architecture(name).presets})" for name in architectures_with("encodes_text"))
         raise LmforgeError(f"--model {source} is a {config.arch}; fine-tuning heads need an encoder (BERT-style, "
-                           "or the rnn-attn preset for sequence tasks)")
+                           f"or the rnn-attn preset for sequence tasks): one of {families}")
     if tokenizer.vocab_size > config.vocab_size:
         raise LmforgeError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
                            f"{config.vocab_size}; pass the model's own tokenizer")

@@ -24,7 +24,6 @@ log = logging.getLogger("lmforge")
 
 
 PRETRAIN_STEPS = 1000  # train.max_steps when the run does not set it
-PRESET_HINT = {"encoder": "bert-*", "decoder": "gpt-*"}
 
 
 @dataclass
@@ -46,14 +45,18 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
 
     from lmforge.config import model_config_from_preset
     from lmforge.heads import TaskModel, build_head
+    from lmforge.models import ARCHITECTURES, architecture
     from lmforge.models.pretrained import build_backbone
     from lmforge.objectives.registry import get_objective
 
     objective = get_objective(run.data.objective)
     config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size})
+    # An objective names the one family it trains (its head and data plan are made for it), so this compares
+    # families rather than asking a capability.
     if config.arch != objective.arch:
+        hint = architecture(objective.arch).presets if objective.arch in ARCHITECTURES else objective.arch
         raise LmforgeError(f"objective {objective.name!r} trains a {objective.arch}, but preset {run.preset!r} is a "
-                           f"{config.arch}; use a {PRESET_HINT.get(objective.arch, objective.arch)} preset")
+                           f"{config.arch}; use a {hint} preset")
     if run.data.seq_len > config.max_seq_len:
         raise LmforgeError(f"data.seq_len={run.data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
                            "lower --seq-len or raise --model.max_seq_len")

@@ -114,13 +114,16 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
     import torch
 
     from lmforge.config import model_config_from_preset
+    from lmforge.models import architecture, architectures_with
     from lmforge.models.pretrained import build_backbone
 
     config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size, "pad_token_id": pad_id})
-    if config.arch not in ("seq2seq", "rnn_seq2seq"):
+    family = architecture(config.arch)
+    if not family.has_encoder_decoder:
+        presets = ", ".join(architecture(name).presets for name in architectures_with("has_encoder_decoder"))
         raise LmforgeError(f"preset {run.preset!r} is a {config.arch}; train-seq2seq needs an encoder-decoder "
-                           "(transformer-base, transformer-big, rnn-seq2seq)")
-    if config.arch == "seq2seq" and run.data.max_source_len > config.max_seq_len:
+                           f"({presets})")
+    if family.position_limited and run.data.max_source_len > config.max_seq_len:  # an RNN reads any length
         raise LmforgeError(f"data.max_source_len={run.data.max_source_len} exceeds the model's max_seq_len="
                            f"{config.max_seq_len}")
     torch.manual_seed(run.train.seed)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models import Architecture, architecture, architectures_with
 from lmforge.serve.batcher import MicroBatcher, ShuttingDown
 from lmforge.serve.schemas import Limits
 
@@ -45,8 +46,6 @@ log = logging.getLogger("lmforge")
 TASK_ENDPOINTS = ("/fill-mask", "/classify", "/tag", "/answer", "/embed", "/generate")
 ENDPOINT_OF_TASK = {"sequence": "/classify", "pair": "/classify", "token": "/tag", "span": "/tag", "qa": "/answer"}
 MLM_HEADS = ("pretraining", "mlm", "span")
-ENCODER_ARCHS = ("encoder", "rnn")
-GENERATOR_ARCHS = ("decoder", "seq2seq", "rnn_seq2seq")
 
 
 class ApiError(Exception):
@@ -129,14 +128,15 @@ class ServedModel:
         loaded = load_pretrained(self.dir, with_head=False)
         self.model, self.tokenizer, self.config, self.head_type = loaded.model.to(self.device).eval(), \
             loaded.tokenizer, loaded.config, None
-        if loaded.config.arch in ENCODER_ARCHS:
+        if self.family.encodes_text:
             self.backbone = self.model
             self.endpoints = ["/embed"]
-        elif loaded.config.arch in GENERATOR_ARCHS:
+        elif self.family.generates:
             self.endpoints = ["/generate"]
         else:
-            raise LmforgeError(f"{self.dir}: a {loaded.config.arch!r} model; lmforge serve serves encoders, "
-                               "decoders and encoder-decoders")
+            served = ", ".join(architectures_with("encodes_text") + architectures_with("generates"))
+            raise LmforgeError(f"{self.dir}: a {loaded.config.arch!r} model; lmforge serve serves text encoders "
+                               f"(/embed) and text generators (/generate): {served}")
 
     def _count_hidden_states(self) -> int:
         assert self.backbone is not None
@@ -147,6 +147,11 @@ class ServedModel:
         return len(out.hidden_states)
 
     # ------------------------------------------------------------------------------------------ description
+    @property
+    def family(self) -> Architecture:
+        """The model family's record: what it can do decides the endpoints and how prompts are read."""
+        return architecture(self.config.arch)
+
     def window(self, endpoint: str) -> int:
         """Tokens per input the model reads at ``endpoint``: for the task endpoint of a fine-tuned model its
         fine-tuned ``max_length``, else the model's ``max_seq_len`` (/embed reads whole texts up to that)."""
@@ -159,7 +164,7 @@ class ServedModel:
             return f"a model fine-tuned for {self.task.config.task!r}"
         if "/fill-mask" in self.endpoints:
             return "a pretrained encoder with a masked-LM head"
-        if self.config.arch in ENCODER_ARCHS:
+        if self.family.encodes_text:
             return "an encoder without a task head"
         return f"a {self.config.arch} (text generation)"
 
@@ -265,7 +270,7 @@ class ServedModel:
         each document) then the pieces; for an encoder-decoder, the source pieces alone (as ``train-seq2seq``
         encodes sources), cut to the model's ``max_seq_len``."""
         ids = self.tokenizer.encode_ids(prompt)
-        if self.config.arch == "decoder":
+        if self.family.is_causal_lm:
             return [self.tokenizer.sep_id, *ids]
         return ids[:self.config.max_seq_len] or [self.tokenizer.unk_id]
 
@@ -283,12 +288,12 @@ class ServedModel:
         for i, prompt in enumerate(body.prompts):
             n = len(self.tokenizer.encode_ids(prompt))
             self._check_length(f"prompts[{i}]", n, specials=False)
-            if self.config.arch != "decoder" and n > self.config.max_seq_len:
+            if not self.family.is_causal_lm and n > self.config.max_seq_len:  # prompt_ids cuts sources
                 warnings.append(f"prompts[{i}]: {n} tokens, more than the model's max_seq_len of "
                                 f"{self.config.max_seq_len}: truncated")
             lengths.append(len(self.prompt_ids(prompt)))
         new_tokens = body.max_new_tokens
-        if self.config.arch == "decoder":
+        if self.family.is_causal_lm:  # prompt and new tokens share one context window
             room = self.config.max_seq_len - max(lengths) + 1  # the last new token is never fed back
             if room < 1:
                 raise ApiError(413, f"prompts[{lengths.index(max(lengths))}]: {max(lengths)} tokens (with the "
@@ -298,7 +303,7 @@ class ServedModel:
                 warnings.append(f"max_new_tokens={new_tokens} reduced to {room}: the longest prompt has "
                                 f"{max(lengths)} tokens and the model reads {self.config.max_seq_len} positions")
                 new_tokens = room
-        elif self.config.arch == "seq2seq" and new_tokens > self.config.max_seq_len:
+        elif self.family.position_limited and new_tokens > self.config.max_seq_len:  # the decoder's own positions
             warnings.append(f"max_new_tokens={new_tokens} reduced to {self.config.max_seq_len}: the decoder reads "
                             f"at most max_seq_len={self.config.max_seq_len} positions")
             new_tokens = self.config.max_seq_len

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
+from lmforge.models import ARCHITECTURES, architecture, architectures_with
 
 log = logging.getLogger("lmforge")
 
@@ -123,34 +124,35 @@ def collect_attention(model: nn.Module, tokenizer: Any, text: str, pair: str | N
     model = getattr(model, "backbone", model)
     config = getattr(model, "config", None)
     arch = getattr(config, "arch", None)
-    collectors = {"encoder": _encoder, "decoder": _decoder, "seq2seq": _encoder_decoder,
-                  "rnn_seq2seq": _rnn_seq2seq, "rnn": _rnn_encoder}
-    if arch not in collectors:
+    family = architecture(arch) if arch in ARCHITECTURES else None
+    if family is None or not family.returns_attention:
         raise LmforgeError(f"cannot collect attention from a {type(model).__name__} (arch {arch!r}); supported "
-                           f"architectures: {', '.join(collectors)}")
+                           f"architectures: {', '.join(architectures_with('returns_attention'))}")
     if max_length is not None and max_length < 1:
         raise LmforgeError(f"max_length must be >= 1; got {max_length}")
     was_training = model.training
     model.eval()  # no dropout on the weights we show
     try:
         with torch.no_grad():
-            maps = collectors[arch](model, tokenizer, text, pair, layers, heads, max_length)
+            maps = _COLLECTORS[arch](model, tokenizer, text, pair, layers, heads, max_length)
     finally:
         model.train(was_training)
     c = config
-    if arch == "seq2seq":
+    if family.recurrent:
+        size = f"{c.rnn_cell.upper()}, d_model {c.d_model}, {c.attention} attention"
+    elif family.has_encoder_decoder:
         size = (f"{c.n_layers} encoder + {len(model.decoder_layers)} decoder layers, {c.n_heads} heads, "
                 f"d_model {c.d_model}")
-    elif arch in ("encoder", "decoder"):
-        size = f"{c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}"
     else:
-        size = f"{c.rnn_cell.upper()}, d_model {c.d_model}, {c.attention} attention"
+        size = f"{c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}"
     return AttentionSet(f"{type(model).__name__} ({size})", maps)
 
 
 # ------------------------------------------------------------------------------------------------ per family
-def _limit(config: Any, max_length: int | None, transformer: bool = True) -> int | None:
-    limit = config.max_seq_len if transformer else None
+def _limit(config: Any, max_length: int | None) -> int | None:
+    """The tokens kept per input: ``max_length`` (None: no limit of the user's), never more than the positions a
+    position-limited family has."""
+    limit = config.max_seq_len if architecture(config.arch).position_limited else None
     if max_length is not None:
         limit = max_length if limit is None else min(limit, max_length)
     return limit
@@ -218,11 +220,11 @@ def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[At
                          _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
 
 
-def _source_target(model, tokenizer, text, pair, max_length, transformer: bool) -> tuple[list[int], list[int]]:
+def _source_target(model, tokenizer, text, pair, max_length) -> tuple[list[int], list[int]]:
     if pair is None:
         raise LmforgeError("an encoder-decoder needs the target text too: pass it as the pair (--pair TEXT); the "
                            "decoder reads [CLS] + its pieces, as in training")
-    limit = _limit(model.config, max_length, transformer)
+    limit = _limit(model.config, max_length)
     src = _cut(_pieces(tokenizer, text, "source text"), limit, "source")
     tgt = _cut([tokenizer.cls_id, *_pieces(tokenizer, pair, "target text")], limit, "target")
     return src, tgt
@@ -230,7 +232,7 @@ def _source_target(model, tokenizer, text, pair, max_length, transformer: bool) 
 
 def _encoder_decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
     config = model.config
-    src, tgt = _source_target(model, tokenizer, text, pair, max_length, transformer=True)
+    src, tgt = _source_target(model, tokenizer, text, pair, max_length)
     src_ids, tgt_ids = torch.tensor([src]), torch.tensor([tgt])  # (1, S), (1, T)
     n_dec = len(model.decoder_layers)
     enc_layers = resolve_indices(layers, config.n_layers, "encoder layer")
@@ -268,7 +270,7 @@ def _encode_with_weights(model, src_ids: Tensor) -> tuple[Tensor, list[Tensor]]:
 
 
 def _rnn_seq2seq(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
-    src, tgt = _source_target(model, tokenizer, text, pair, max_length, transformer=False)
+    src, tgt = _source_target(model, tokenizer, text, pair, max_length)
     src_ids, tgt_ids = torch.tensor([src]), torch.tensor([tgt])  # (1, S), (1, T)
     keep_layers = resolve_indices(layers, 1, "layer (the RNN's cross-attention has one)")
     keep_heads = resolve_indices(heads, 1, "head (the RNN's cross-attention has one)")
@@ -287,3 +289,9 @@ def _rnn_encoder(model, tokenizer, text, pair, layers, heads, max_length) -> lis
     weights = out.attentions[0].float().cpu().numpy()  # (1, 1, 1, T)
     return [AttentionMap("attention pooling", ["[pool]"], _tokens(tokenizer, enc["input_ids"]), keep_layers,
                          keep_heads, weights, [0], list(enc["token_type_ids"]))]
+
+
+# The collectors read each family's own modules (``decoder_layers``, ``src_embed``, the pooling weights...), so this
+# table is keyed on the concrete family; which families qualify is the registry's ``returns_attention``.
+_COLLECTORS = {"encoder": _encoder, "decoder": _decoder, "seq2seq": _encoder_decoder, "rnn": _rnn_encoder,
+               "rnn_seq2seq": _rnn_seq2seq}

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.choices import VIEWER_PRECISIONS
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.utils.io import atomic_write_text
 from lmforge.viz.assets import VIEWER_CSS, VIEWER_JS
@@ -43,7 +44,7 @@ from lmforge.viz.attention import AttentionMap, AttentionSet
 __all__ = ["EXACT_LIMIT", "PRECISIONS", "attention_html", "choose_precision", "decode_matrix", "encode_matrix",
            "read_attention_html", "write_attention_html"]
 
-PRECISIONS = ("auto", "float32", "uint16", "uint8")
+PRECISIONS = VIEWER_PRECISIONS
 EXACT_LIMIT = 2**21
 _LEVELS = {"uint16": 65535, "uint8": 255}
 _DTYPES = {"uint16": "<u2", "uint8": "u1"}

@@ -1,0 +1,35 @@
+"""The names of every closed choice a config may make: the one list each, read by config validation, the command
+line, error messages and the implementations' own tables (whose keys a test holds equal to these names).
+
+They live here, in the lowest layer and free of PyTorch, because ``config.py`` validates them and the command line
+offers them before any model code is imported.
+"""
+
+from __future__ import annotations
+
+# models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
+# nn.positional, nn.feedforward.ACTIVATIONS
+ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq")
+RNN_CELLS = ("gru", "lstm")
+ATTENTION_SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
+POSITIONALS = ("learned", "sinusoidal", "rotary")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
+KERNELS = ("math", "sdpa")
+
+# training (TrainConfig): lmforge.training.optim, the Trainer's autocast
+SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
+PRECISIONS = ("fp32", "bf16")
+
+# pretraining data (DataConfig): lmforge.data.masking.mask_tokens
+MASKINGS = ("token", "whole_word", "span")
+
+# fine-tuning (TaskConfig): lmforge.tasks, lmforge.data.schemes, lmforge.nn.pooling, lmforge.heads.span
+TASKS = ("sequence", "pair", "token", "span", "qa")
+LONG_TEXT = ("truncate", "head-tail", "chunks")
+TAG_SCHEMES = ("BIO", "IOB1", "BIOES")
+WORD_POOLINGS = ("first", "mean")
+SPAN_POOLINGS = ("mean", "attention")
+
+# contextual embeddings (lmforge.embeddings.contextual, lmforge embed) and the attention viewer (lmforge.viz.html)
+TEXT_POOLINGS = ("none", "mean", "cls")
+VIEWER_PRECISIONS = ("auto", "float32", "uint16", "uint8")
