@@ -145,6 +145,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     check_not_input(run.out, [p for p in (run.model, run.tokenizer, run.train_file, run.dev_file,
                                           run.task.init_embeddings) if p and Path(p).exists()])
     task = make_task(run.task)
+    task.check_options()  # e.g. --task.crf=true on a QA task is an error, not ignored
     backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
     if run.task.init_embeddings:
         init_embeddings(backbone, tokenizer, run.task.init_embeddings)

@@ -27,6 +27,11 @@ log = logging.getLogger("lmforge")
 Feature = dict[str, Any]
 
 
+# TaskConfig fields every task reads; fields only the training run reads (never saved with the model)
+COMMON_OPTIONS = ("task", "max_length", "dropout", "metric")
+TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "epochs", "init_embeddings")
+
+
 class Task:
     """Base class of the fine-tuning tasks; subclasses fill in the data and decoding steps.
 
@@ -35,9 +40,11 @@ class Task:
         labels: the label names, fixed from the training data (``fit_labels``) or read from a saved model.
         head_type: the ``lmforge.heads`` builder name.
         loss_name: the loss term's name in the logs.
+        options: the TaskConfig fields this task reads besides ``COMMON_OPTIONS`` and ``TRAINING_OPTIONS``.
     """
 
     head_type = ""
+    options: tuple[str, ...] = ()
     loss_name = "task"
     default_metric = "f1"
 
@@ -51,7 +58,25 @@ class Task:
         return {"labels": self.labels}
 
     def head_spec(self) -> dict[str, Any]:
-        return {"type": self.head_type, **self.head_options(), "task": to_dict(self.config)}
+        """The head description saved in a model's config.json: the builder, its options and labels, and the task
+        settings needed to read and featurize new inputs (the training-only ones are not saved)."""
+        kept = (*COMMON_OPTIONS, *self.options)
+        return {"type": self.head_type, **self.head_options(),
+                "task": {k: v for k, v in to_dict(self.config).items() if k in kept}}
+
+    def check_options(self) -> None:
+        """Refuse a setting this task does not read (e.g. ``crf`` on a QA task), naming the task's own options.
+
+        Raises:
+            LmforgeError: a field outside this task's options that differs from its default.
+        """
+        default = to_dict(TaskConfig(task=self.config.task))
+        allowed = {*COMMON_OPTIONS, *TRAINING_OPTIONS, *self.options}
+        stray = [f"{k}={v!r}" for k, v in to_dict(self.config).items() if k not in allowed and v != default[k]]
+        if stray:
+            raise LmforgeError(f"{', '.join(stray)}: not an option of task {self.config.task!r}; its options are "
+                               f"{', '.join(self.options) or 'none'} (and for every task: "
+                               f"{', '.join(COMMON_OPTIONS[1:] + TRAINING_OPTIONS)})")
 
     @classmethod
     def from_head_spec(cls, spec: dict[str, Any]) -> Task:

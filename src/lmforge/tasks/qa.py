@@ -22,6 +22,7 @@ log = logging.getLogger("lmforge")
 
 class QATask(Task):
     head_type = "qa"
+    options = ("doc_stride", "max_query_length", "max_answer_length", "n_best", "null_threshold", "version_2")
     loss_name = "qa"
     default_metric = "f1"
 

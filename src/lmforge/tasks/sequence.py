@@ -37,6 +37,7 @@ def _sort_labels(labels: set[str]) -> list[str]:
 
 class SequenceTask(Task):
     head_type = "sequence_classification"
+    options = ("text_column", "text_pair_column", "label_column", "long_text", "head_tokens", "max_chunks")
     loss_name = "cls"
 
     def __init__(self, config, labels=None, regression: bool = False) -> None:

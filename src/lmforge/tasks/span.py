@@ -21,6 +21,7 @@ log = logging.getLogger("lmforge")
 
 class SpanTask(Task):
     head_type = "span_classification"
+    options = ("max_span_width", "span_pooling")
     loss_name = "span"
     default_metric = "f1"
 

@@ -23,6 +23,7 @@ log = logging.getLogger("lmforge")
 
 class TokenTask(Task):
     head_type = "token_classification"
+    options = ("crf", "scheme", "subwords", "word_pooling")
     loss_name = "tag"
     default_metric = "f1"
 
