@@ -6,9 +6,10 @@ Layout::
         model.safetensors    weights of the plain module (unwrapped from DDP / torch.compile); tied weights once
         config.json          lmforge model config (with a ModelConfig; the folder then loads with load_pretrained)
         vocab.txt ...        the tokenizer files, when the Trainer was given a tokenizer
-        trainer_state.pt     {"format", "version", "step", "epoch", "world_size", "optimizer", "scheduler",
-                              "data": [data state of rank r], "rng": [RNG states of rank r], "train_config",
-                              "model_config", "window", "elapsed_s", "tokens", "last_eval"}
+        trainer_state.pt     {"format", "version": 2, "step", "world_size", "train_config", "model_config",
+                              "components": {"optimizer", "scheduler", "progress", "best"} (each component's own
+                              state_dict, lmforge.training.state), "data": [data state of rank r],
+                              "rng": [RNG states of rank r]}; version 1 (flat keys) is migrated on load
 
 The folder is assembled as ``checkpoints/.tmp-step-<N>-<pid>`` (every file fsync'ed) and renamed to ``step-<N>``
 in one step, so a folder named ``step-<N>`` is always complete; a process killed mid-write leaves only a
@@ -48,7 +49,7 @@ from lmforge.models.pretrained import (
     save_pretrained,
 )
 from lmforge.training.logging import METRICS_NAME, truncate_metrics
-from lmforge.utils.io import atomic_open, atomic_write_bytes, prepare_output_dir
+from lmforge.utils.io import atomic_open, atomic_write_bytes, check_output_dir, prepare_output_dir
 
 log = logging.getLogger("lmforge")
 
@@ -57,7 +58,7 @@ BEST_NAME = "best"  # the best model by the selected eval metric, while a run is
 STATE_NAME = "trainer_state.pt"
 RUN_CONFIG_NAME = "run_config.json"  # written by the Trainer when a run starts
 STATE_FORMAT = "lmforge-trainer-state"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: Stateful components (lmforge.training.state); 1 is migrated on load
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -330,7 +331,9 @@ def load_trainer_state(directory: str | Path) -> dict[str, Any]:
     if state.get("version", 0) > STATE_VERSION:
         raise InputFileError(f"{path}: written by a newer lmforge (trainer state version {state['version']}); "
                              "upgrade lmforge")
-    return state
+    from lmforge.training.state import migrate_state
+
+    return migrate_state(state)
 
 
 def config_differences(saved: dict[str, Any] | None, current: dict[str, Any] | None, prefix: str = "",
@@ -373,17 +376,15 @@ def step_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path | None:
-    """Make ``out_dir`` ready for a run (rank 0 only) and return the checkpoint to resume from, if any.
+def plan_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path | None:
+    """Check ``out_dir`` for a run and return the checkpoint to resume from, if any; nothing on disk changes.
 
-    - ``resume="never"``: refuse a folder that holds a run, unless ``overwrite``: then the folder is renamed to
-      ``<out_dir>.old-<UTC timestamp>`` (nothing is deleted) and a fresh one is made.
-    - ``resume="auto"``: the latest complete checkpoint under ``out_dir/checkpoints``; none = start at step 0.
+    - ``resume="never"``: refuse a folder that holds anything, unless ``overwrite`` (``prepare_run_dir`` then moves
+      it to ``<out_dir>.old-<UTC timestamp>``; nothing is deleted).
+    - ``resume="auto"``: the latest complete checkpoint under ``out_dir/checkpoints``; none = start at step 0. A
+      folder that holds files but no run is refused.
     - a path: that checkpoint folder (or the latest checkpoint of that run folder). From inside ``out_dir`` it must
       be the latest one (later checkpoints would be overwritten); from elsewhere ``out_dir`` must not hold a run.
-
-    Half-written ``.tmp-*`` checkpoints are removed, and metrics.jsonl lines logged after the resumed step (by the
-    interrupted run) are dropped, so that the continued run's lines follow without gaps or duplicates.
     """
     if overwrite and resume != "never":
         raise LmforgeError(f"resume={str(resume)!r} and overwrite exclude each other: --resume continues the run in "
@@ -400,14 +401,29 @@ def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool) -> Path 
             raise LmforgeError(f"{out_dir} already holds a training run (metrics.jsonl or checkpoints/); pass "
                                "--resume auto to continue it, or --overwrite to start a new run (the old folder is "
                                "renamed, not deleted), or choose another output folder")
-        prepare_output_dir(out_dir, overwrite=overwrite)  # refuses a user's files, or moves aside
+        check_output_dir(out_dir, overwrite=overwrite)  # refuses a user's files
     elif resume == "auto":
         found = latest_checkpoint(out_dir)
         if found is None and held:
             log.warning("%s holds no complete checkpoint; starting from step 0", out_dir)
     else:
         found = _explicit_checkpoint(Path(resume), out_dir, held)
-    prepare_output_dir(out_dir, continue_run=True)  # creates it, or says why it cannot (a file, not a folder)
+    check_output_dir(out_dir, continue_run=True)  # a file where the folder should be, or under a file
+    return found
+
+
+def prepare_run_dir(out_dir: Path, resume: str | Path, overwrite: bool, found: Path | None = None) -> Path | None:
+    """Make ``out_dir`` ready for the run that ``plan_run_dir`` checked (rank 0 only); returns ``found``.
+
+    The old folder is moved aside (``overwrite``), the folder made, half-written ``.tmp-*`` checkpoints removed,
+    and metrics.jsonl lines logged after the resumed step (by the interrupted run) dropped, so that the continued
+    run's lines follow without gaps or duplicates. Called without ``found``, it plans first (one call does both).
+    """
+    if found is None:
+        found = plan_run_dir(out_dir, resume, overwrite)
+    if resume == "never":
+        prepare_output_dir(out_dir, overwrite=overwrite)
+    prepare_output_dir(out_dir, continue_run=True)
     for leftover in remove_partial_checkpoints(out_dir):
         log.info("removed %s, left by an interrupted run", leftover)
     dropped = truncate_metrics(out_dir / METRICS_NAME, step_of(found) if found and is_inside(found, out_dir) else 0)

@@ -47,7 +47,10 @@ interrupted run logged after its checkpoint are dropped from metrics.jsonl. Only
 from the checkpoint's TrainConfig (the model config must be equal, and so must the number of processes). An
 ``out_dir`` that already holds a run is refused unless ``resume`` continues it or ``overwrite=True``, which renames
 the old folder to ``<out_dir>.old-<timestamp>`` (nothing is deleted) and starts afresh (details:
-``lmforge.training.checkpoint.prepare_run_dir``).
+``lmforge.training.checkpoint.plan_run_dir`` / ``prepare_run_dir``). The constructor only checks the folder and
+reads the checkpoint; ``fit`` changes the folder. What a checkpoint restores is the Trainer's ``Stateful``
+components (optimizer, scheduler, progress, best-model tracker; ``lmforge.training.state``), each with its own
+``state_dict``, plus every rank's data position and RNG state.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ from lmforge.training.logging import (
     require_tensorboard,
 )
 from lmforge.training.optim import build_optimizer, build_scheduler
+from lmforge.training.state import BestTracker, Progress, Stateful, new_window
 from lmforge.utils.io import atomic_write_text
 
 log = logging.getLogger("lmforge")
@@ -181,10 +185,6 @@ def _add_pairs(target: dict[str, list[Any]], pairs: dict[str, tuple[Any, Any]]) 
         pair[1] += _number(count)
 
 
-def _new_window() -> dict[str, Any]:
-    return {"steps": 0, "loss": 0.0, "grad_norm": 0.0, "terms": {}, "metrics": {}}
-
-
 class Trainer:
     """Train ``model`` on ``objective`` over ``train_data`` as ``config`` says, recording into ``out_dir``.
 
@@ -226,7 +226,7 @@ class Trainer:
         self.objective, self.train_data, self.eval_data = objective, train_data, eval_data
         self.head, self.tokenizer, self.run_config, self.progress = head, tokenizer, run_config, progress
         self.evaluator, self.select = evaluator, select
-        self.best: dict[str, Any] | None = None  # {"value", "step", "record"} of the best evaluation so far
+        self.tracker = BestTracker(select)  # the best evaluation so far
         self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
         self.device = resolve_device(config.device, self.dist)
         self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
@@ -234,9 +234,7 @@ class Trainer:
         self.model_config = model_config or _find_model_config(self.model)
         self.optimizer = build_optimizer(self.model, config, lr_scales)
         self.scheduler = build_scheduler(self.optimizer, config)
-        self.step, self.epoch, self.tokens, self.elapsed_s = 0, 0, 0, 0.0
-        self.last_eval: dict[str, float] = {}
-        self._window = _new_window()
+        self.progress_state = Progress()
         self._batches: Iterator[dict[str, Tensor]] | None = None
         self._checked_first_step = False
         self._last_plot = -math.inf
@@ -244,16 +242,50 @@ class Trainer:
         self._tokens_window, self._elapsed_before = 0, 0.0
         if config.tensorboard and self.dist.is_main:
             require_tensorboard()
-        self.resume_from = self._prepare_out_dir(resume, overwrite)
+        self._resume, self._overwrite = resume, overwrite
+        # Checked here, so that a bad choice fails before any work; the folder itself is changed in fit().
+        self.resume_from = self._plan_out_dir(resume, overwrite)
         self._state = self._load_checkpoint(self.resume_from) if self.resume_from else None
 
+    # Saved and restored as a whole by checkpoints: each gives and takes its own state (lmforge.training.state).
+    def stateful_components(self) -> dict[str, Stateful]:
+        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "progress": self.progress_state,
+                "best": self.tracker}
+
+    # The loop reads and writes the run's progress under these names.
+    step = property(lambda self: self.progress_state.step, lambda self, v: setattr(self.progress_state, "step", v))
+    epoch = property(lambda self: self.progress_state.epoch,
+                     lambda self, v: setattr(self.progress_state, "epoch", v))
+    tokens = property(lambda self: self.progress_state.tokens,
+                      lambda self, v: setattr(self.progress_state, "tokens", v))
+    elapsed_s = property(lambda self: self.progress_state.elapsed_s,
+                         lambda self, v: setattr(self.progress_state, "elapsed_s", v))
+    last_eval = property(lambda self: self.progress_state.last_eval,
+                         lambda self, v: setattr(self.progress_state, "last_eval", v))
+    _window = property(lambda self: self.progress_state.window,
+                       lambda self, v: setattr(self.progress_state, "window", v))
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """``{"value", "step", "record"}`` of the best evaluation so far (None without ``select`` or evaluation)."""
+        return self.tracker.best
+
     # ---------------------------------------------------------------------------------------- run folder, resume
-    def _prepare_out_dir(self, resume: str | Path, overwrite: bool) -> Path | None:
-        """Rank 0 decides (and renames / truncates); every rank gets the checkpoint to resume from."""
-        choice: Path | None | Exception = None
+    def _plan_out_dir(self, resume: str | Path, overwrite: bool) -> Path | None:
+        """Rank 0 checks the folder and finds the checkpoint to resume from (nothing on disk changes); every rank
+        gets the answer, or the error."""
+        return self._on_main(lambda: ckpt.plan_run_dir(self.out_dir, resume, overwrite))
+
+    def _prepare_out_dir(self) -> None:
+        """At the start of ``fit``, rank 0 makes the folder ready: the old run moved aside (``overwrite``), the
+        folder created, what an interrupted run left removed, metrics logged after the checkpoint dropped."""
+        self._on_main(lambda: ckpt.prepare_run_dir(self.out_dir, self._resume, self._overwrite, self.resume_from))
+
+    def _on_main(self, work: Callable[[], Any]) -> Any:
+        choice: Any = None
         if self.dist.is_main:
             try:
-                choice = ckpt.prepare_run_dir(self.out_dir, resume, overwrite)
+                choice = work()
             except (LmforgeError, OSError) as err:  # raised on every rank, not only here
                 choice = err if isinstance(err, LmforgeError) else LmforgeError(f"{self.out_dir}: {err}")
         choice = dist.broadcast_object(choice, self.dist)
@@ -275,12 +307,8 @@ class Trainer:
                                f"{'; '.join(problems)}. Only {', '.join(RESUMABLE_CHANGES)} may change on resume; "
                                "start a new run (another out_dir or --overwrite) to change the others")
         ckpt.load_model(self.model, path)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.epoch, self.tokens = state["step"], state["epoch"], state["tokens"]
-        self.elapsed_s, self.last_eval = state["elapsed_s"], dict(state["last_eval"])
-        self.best = state.get("best")
-        self._window = state["window"]
+        for name, component in self.stateful_components().items():
+            component.load_state_dict(state["components"][name])
         if self.dist.is_main:
             log.info("resuming from %s (step %d)", path, self.step)
         return state
@@ -289,6 +317,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train to ``config.max_steps``; returns the last training record merged with the last eval metrics."""
         cfg, main = self.config, self.dist.is_main
+        self._prepare_out_dir()
         if self._state is not None:
             self.train_data.load_state_dict(self._state["data"][self.dist.rank])
             ckpt.restore_rng(self._state["rng"][self.dist.rank])
@@ -463,7 +492,7 @@ class Trainer:
         record.update({name: s / c if c else 0.0 for name, (s, c) in sorted(w["metrics"].items())})
         record.update({"lr": lr, "grad_norm": w["grad_norm"] / n, "tokens_per_s": self._throughput(),
                        "tokens": self.tokens, "elapsed_s": self._elapsed()})
-        self._window = _new_window()
+        self._window = new_window()
         self._t_window, self._tokens_window = time.perf_counter(), 0
         return record
 
@@ -537,16 +566,9 @@ class Trainer:
         self._keep_if_best(record)
 
     def _keep_if_best(self, record: dict[str, Any]) -> None:
-        if not self.select:
+        if not self.tracker.offer(record, self.step):
             return
-        name, sign = (self.select[1:], -1.0) if self.select.startswith("-") else (self.select, 1.0)
-        if name not in record:
-            raise LmforgeError(f"cannot select the best model by {name!r}: the evaluation reports "
-                               f"{', '.join(k for k in record if k != 'step')}")
-        value = sign * float(record[name])
-        if self.best is not None and not value > self.best["value"]:
-            return
-        self.best = {"value": value, "step": self.step, "record": dict(record)}
+        name = self.select.lstrip("-")
         if self.dist.is_main:
             ckpt.save_model_atomically(self.model, self.out_dir / ckpt.BEST_NAME, model_config=self.model_config,
                                        head=self.head, tokenizer=self.tokenizer)
@@ -561,12 +583,11 @@ class Trainer:
         rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
         path = ckpt.checkpoint_path(self.out_dir, self.step)
         if self.dist.is_main:
-            state = {"step": self.step, "epoch": self.epoch, "world_size": self.dist.world_size,
-                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            components = {name: c.state_dict() for name, c in self.stateful_components().items()}
+            components["progress"]["elapsed_s"] = self._elapsed()  # the time trained so far, this session included
+            state = {"step": self.step, "world_size": self.dist.world_size, "components": components,
                      "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
-                     "model_config": to_dict(self.model_config) if self.model_config else None,
-                     "window": self._window, "elapsed_s": self._elapsed(), "tokens": self.tokens,
-                     "last_eval": self.last_eval, "best": self.best}
+                     "model_config": to_dict(self.model_config) if self.model_config else None}
             ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
                                  head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)
             log.info("saved checkpoint %s", path)

@@ -141,15 +141,9 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, inputs: Ite
         LmforgeError: ``path`` is a file, is an input, or holds anything and neither flag allows it.
     """
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise LmforgeError(f"{option} {path}: is a file, but {option} names a folder; choose a folder path")
-    check_not_input(path, inputs, option)
-    if path.is_dir() and any(path.iterdir()) and not continue_run:
-        if not overwrite:
-            resume = " or --resume auto to continue the run there," if resumable else ""
-            raise LmforgeError(f"{option} {path} is not empty ({_describe(path)}); lmforge writes only into an "
-                               f"empty or new folder: choose another {option}, pass{resume} --overwrite to move "
-                               f"the old folder aside ({path.name}.old-<time>; nothing is deleted)")
+    check_output_dir(path, overwrite=overwrite, inputs=inputs, option=option, continue_run=continue_run,
+                     resumable=resumable)
+    if path.is_dir() and any(path.iterdir()) and not continue_run:  # and overwrite, or the check had refused
         log.warning("moved the previous contents of %s to %s", path, move_aside(path))
     if not create:
         return path
@@ -158,6 +152,25 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, inputs: Ite
     except (FileExistsError, NotADirectoryError):
         raise LmforgeError(f"{option} {path}: a parent of the folder is a file; choose another path") from None
     return path
+
+
+def check_output_dir(path: str | Path, *, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
+                     option: str = "--out", continue_run: bool = False, resumable: bool = False) -> None:
+    """The checks of ``prepare_output_dir`` alone: raise where it would refuse, change nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise LmforgeError(f"{option} {path}: is a file, but {option} names a folder; choose a folder path")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise LmforgeError(f"{option} {path}: a parent of the folder is a file; choose another path")
+            break
+    check_not_input(path, inputs, option)
+    if path.is_dir() and any(path.iterdir()) and not continue_run and not overwrite:
+        resume = " or --resume auto to continue the run there," if resumable else ""
+        raise LmforgeError(f"{option} {path} is not empty ({_describe(path)}); lmforge writes only into an "
+                           f"empty or new folder: choose another {option}, pass{resume} --overwrite to move "
+                           f"the old folder aside ({path.name}.old-<time>; nothing is deleted)")
 
 
 def prepare_output_file(path: str | Path, *, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
