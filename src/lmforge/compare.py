@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.config import from_dict
 from lmforge.errors import LmforgeError
 
 log = logging.getLogger("lmforge")
@@ -100,6 +101,16 @@ class CompareConfig:
         names = [a.name for a in self.approach]
         if len(set(names)) != len(names):
             raise LmforgeError(f"approach names repeat: {names}")
+
+
+def compare_config(values: dict[str, Any], where: str) -> CompareConfig:
+    """A ``CompareConfig`` from TOML values; an approach's ``model`` may be a table with its preset's settings
+    (``model = { source = "rnn-attn", d_model = 128 }``, see ``lmforge.recipes.resolve.split_model_table``)."""
+    from lmforge.recipes.resolve import split_model_table
+
+    approaches = [split_model_table(a, f"{where}: approach {a.get('name')!r}") if isinstance(a, dict) else a
+                  for a in values.get("approach", [])]
+    return from_dict(CompareConfig, {**values, "approach": approaches}, where=where)
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -100,12 +100,12 @@ def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int, seq_
 
 
 def compare(config_path: Path, out: Path, tokenizer_dir: Path, pretrained: Path) -> None:
-    from lmforge.compare import CompareConfig, run_compare
-    from lmforge.config import from_dict, load_toml
+    from lmforge.compare import compare_config, run_compare
+    from lmforge.config import load_toml
 
     values = load_toml(config_path)
     values.update(out=str(out / "compare"), tokenizer=str(tokenizer_dir), pretrained=str(pretrained))
-    config = from_dict(CompareConfig, values, where=str(config_path))
+    config = compare_config(values, str(config_path))
     print(f"\n== the comparison ({len(config.approach)} approaches x {len(config.sizes)} sizes x "
           f"{len(config.seeds)} seeds) -> {config.out}")
     start = time.perf_counter()

@@ -329,7 +329,7 @@ def test_bad_attention_mask_and_cache_batch():
 def test_bad_options():
     with pytest.raises(LmforgeError, match="arch='decoder'"):
         Decoder(_config(arch="seq2seq"))
-    with pytest.raises(LmforgeError, match="layer 5 does not exist"):
+    with pytest.raises(LmforgeError, match="layer index 5 does not exist"):
         _model()(_ids(19, B, T), output_attentions=[5])
     with pytest.raises(LmforgeError, match="position_ids cannot be given with positional='rotary'"):
         _model(positional="rotary")(_ids(19, B, T), position_ids=torch.arange(T))

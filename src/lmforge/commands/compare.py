@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lmforge.config import from_dict, load_toml
+from lmforge.config import load_toml
 from lmforge.errors import LmforgeError
 
 
@@ -30,7 +30,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
-    from lmforge.compare import CompareConfig, run_compare
+    from lmforge.compare import compare_config, run_compare
 
     values = load_toml(args.config)
     for key in ("out", "sizes", "seeds", "pretrained"):
@@ -43,7 +43,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
             raise LmforgeError(f"--only: unknown approach(es) {', '.join(sorted(wanted - known))}; the config has "
                                f"{', '.join(sorted(map(str, known)))}")
         values["approach"] = [a for a in values.get("approach", []) if a.get("name") in wanted]
-    config = from_dict(CompareConfig, values, where=args.config)
+    config = compare_config(values, args.config)
     paths = run_compare(config, resume=args.resume, overwrite=args.overwrite)
     print(paths["md"].read_text(encoding="utf-8"))
     print(f"table: {paths['md']}  csv: {paths['csv']}  learning curve: {paths['png']}")

@@ -28,7 +28,7 @@ from lmforge.recipes.finetune import (
     featurize,
     load_task_model,
 )
-from lmforge.recipes.resolve import resolve
+from lmforge.recipes.resolve import model_overrides, resolve, split_model_table
 
 log = logging.getLogger("lmforge")
 
@@ -44,7 +44,8 @@ FLAGS = {"task": "task.task", "model": "model", "tokenizer": "tokenizer", "train
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Any setting can also be given as --section.key=value, e.g. --task.max_span_width=6 "
-                "--task.doc_stride=64 --train.micro_batch_size=8 (TOML values; strings may be bare).")
+                "--task.doc_stride=64 --train.micro_batch_size=8, and for a preset --model its sizes: "
+                "--model.d_model=128 (TOML: model = { source = \"bert-mini\", d_model = 128 }).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe with [task] and [train] sections")
     p.add_argument("--task", choices=TASKS, help="sequence, pair, token (tagging), span (span labeling), qa")
     p.add_argument("--model", metavar="DIR|PRESET", help="an lmforge or Hugging Face BERT folder, or a preset name")
@@ -83,8 +84,8 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
     if head_keys or (args.config and "head" in load_toml(args.config)):
         raise LmforgeError(f"{', '.join(head_keys) or '[head]'}: the head's options live in the task section, e.g. "
                            "--task.crf=true (or --crf), --task.max_span_width=6, --task.word_pooling=mean")
-    run = resolve(FinetuneRun, defaults=FINETUNE_DEFAULTS, config=args.config, flags=flags, overrides=args.overrides,
-                  where="finetune")
+    run = resolve(FinetuneRun, defaults=FINETUNE_DEFAULTS, config=args.config, flags=flags,
+                  overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
         if not getattr(run, name):
             raise LmforgeError(f"no {name.replace('_file', ' file')}: pass {flag}")

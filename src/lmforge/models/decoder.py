@@ -20,7 +20,6 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -28,51 +27,30 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn import (
     DecoderLayer,
-    LayerCache,
-    LearnedPositional,
     RotaryEmbedding,
-    SinusoidalPositional,
-    padding_to_key_mask,
+    StackCache,
+    build_positional,
+    check_input_ids,
+    key_padding_mask,
+    positions_from_mask,
+    select_layers,
 )
 from lmforge.nn.init import normal_init
 
 __all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
 
 
-class DecoderCache:
+class DecoderCache(StackCache):
     """Key/value caches of every layer of a ``Decoder``: the state of incremental decoding.
 
     Make one with ``model.new_cache()`` (or ``DecoderCache()``: the model adds the per-layer caches on first use)
-    and pass the same object to every ``forward`` call; it is extended in place.
+    and pass the same object to every ``forward`` call; it is extended in place. Everything it does is
+    ``lmforge.nn.StackCache``'s (shared with ``Seq2SeqCache``); the subclass keeps the public name, and ``forward``
+    accepts no other family's cache.
 
     Attributes:
         layers: one ``lmforge.nn.LayerCache`` per layer (only its ``self_attn`` part is used).
     """
-
-    def __init__(self, n_layers: int = 0) -> None:
-        self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
-
-    @property
-    def length(self) -> int:
-        """P, number of cached positions (padding included; 0 while empty)."""
-        return self.layers[0].self_attn.length if self.layers else 0
-
-    @property
-    def batch_size(self) -> int | None:
-        """B of the cached keys, or None while empty."""
-        key = self.layers[0].self_attn.key if self.layers else None
-        return None if key is None else key.shape[0]
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows, e.g. the surviving beams: ``index`` (B',) long, rows to keep in order (repeats allowed).
-
-        The caller reorders its ``attention_mask`` the same way (``mask.index_select(0, index)``).
-        """
-        for layer in self.layers:
-            layer.reorder(index)
-
-    def __repr__(self) -> str:
-        return f"DecoderCache(layers={len(self.layers)}, length={self.length})"
 
 
 class DecoderOutput(NamedTuple):
@@ -93,33 +71,6 @@ class DecoderOutput(NamedTuple):
     cache: DecoderCache | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor | None, ...] | None = None
-
-
-def positions_from_mask(attention_mask: Tensor, T: int) -> Tensor:
-    """Position ids of the last T of S positions, counting real tokens only: a left-padded row gets the positions
-    of the unpadded row; padding gets 0 (before the first real token) or repeats (after the last).
-
-    Args:
-        attention_mask: (B, S), 1 = real token.
-        T: number of new positions.
-
-    Returns:
-        (B, T) long.
-    """
-    return ((attention_mask != 0).long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
-
-
-def layers_to_capture(output_attentions: bool | Sequence[int], n_layers: int) -> set[int]:
-    """Normalise ``output_attentions`` (True = all layers, or layer indices, negative counting from the end)."""
-    if isinstance(output_attentions, bool):
-        return set(range(n_layers)) if output_attentions else set()
-    chosen = set()
-    for i in output_attentions:
-        if not isinstance(i, int) or not -n_layers <= i < n_layers:
-            raise LmforgeError(
-                f"output_attentions: layer {i!r} does not exist; the model has {n_layers} layers (0..{n_layers - 1})")
-        chosen.add(i % n_layers)
-    return chosen
 
 
 class Decoder(nn.Module):
@@ -154,14 +105,10 @@ class Decoder(nn.Module):
         self.config = config
         D, L = config.d_model, config.n_layers
         self.token_embedding = nn.Embedding(config.vocab_size, D)
-        self.position_embedding: nn.Module | None = None
-        self.rotary: RotaryEmbedding | None = None
-        if config.positional == "learned":
-            self.position_embedding = LearnedPositional(config.max_seq_len, D)
-        elif config.positional == "sinusoidal":
-            self.position_embedding = SinusoidalPositional(D, config.max_seq_len)
-        else:  # rotary: relative positions inside every self-attention; nothing is added to the embeddings
-            self.rotary = RotaryEmbedding(config.d_head, config.max_seq_len)
+        # A table added to the embeddings, or (rotary) relative positions inside every self-attention.
+        positions = build_positional(config.positional, d_model=D, d_head=config.d_head, max_len=config.max_seq_len)
+        self.position_embedding: nn.Module | None = positions.table
+        self.rotary: RotaryEmbedding | None = positions.rotary
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
@@ -233,7 +180,7 @@ class Decoder(nn.Module):
         Returns:
             DecoderOutput(logits (B, T, V), last_hidden_state (B, T, D), cache, hidden_states, attentions).
         """
-        B, T = self._check_ids(input_ids)
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
         past = self._prepare_cache(cache, B)
         S = past + T
         if S > self.config.max_seq_len:
@@ -241,11 +188,8 @@ class Decoder(nn.Module):
                 f"total length {S} (cached {past} + new {T}) exceeds max_seq_len={self.config.max_seq_len}; "
                 "shorten the input or use a model with more positions")
         if attention_mask is not None:
-            if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (B, S):
-                raise LmforgeError(
-                    f"attention_mask must be (batch={B}, cached + new = {past} + {T} = {S}) with 1 = real token; "
-                    f"got {tuple(attention_mask.shape)}")
-            attention_mask = padding_to_key_mask(attention_mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+            attention_mask = key_padding_mask(attention_mask, batch=B, length=S,
+                                              length_label=f"cached + new = {past} + {T} = {S}")  # (B, S) bool
             if position_ids is None and self.rotary is None:
                 position_ids = positions_from_mask(attention_mask, T)  # (B, T)
             if bool(attention_mask.all()):
@@ -262,7 +206,7 @@ class Decoder(nn.Module):
             x = self.position_embedding(x, offset=past, positions=position_ids)  # (B, T, D)
         x = self.dropout(x)
 
-        capture = layers_to_capture(output_attentions, len(self.layers))
+        capture = select_layers(output_attentions, len(self.layers))  # a bool is never an index
         hidden_states: list[Tensor] | None = [] if output_hidden_states else None
         attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
         for i, layer in enumerate(self.layers):
@@ -282,34 +226,9 @@ class Decoder(nn.Module):
                              None if hidden_states is None else tuple(hidden_states),
                              None if attentions is None else tuple(attentions))
 
-    def _check_ids(self, input_ids: Tensor) -> tuple[int, int]:
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-            raise LmforgeError(f"input_ids must be a (batch, length) tensor of token ids; got {shape}")
-        if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-            raise LmforgeError(f"input_ids must hold integer token ids; got dtype {input_ids.dtype}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise LmforgeError(f"input_ids is empty (shape {(B, T)}); pass at least one token per row")
-        V = self.config.vocab_size
-        lo, hi = int(input_ids.min()), int(input_ids.max())  # one sync; an out-of-range id would crash the kernel
-        if lo < 0 or hi >= V:
-            raise LmforgeError(
-                f"token id {lo if lo < 0 else hi} is outside the vocabulary (size {V}; valid ids are 0..{V - 1})")
-        return B, T
-
     def _prepare_cache(self, cache: DecoderCache | None, B: int) -> int:
         if cache is None:
             return 0
         if not isinstance(cache, DecoderCache):
             raise LmforgeError(f"cache must be a DecoderCache (model.new_cache()); got {type(cache).__name__}")
-        if not cache.layers:
-            cache.layers = [LayerCache() for _ in self.layers]
-        if len(cache.layers) != len(self.layers):
-            raise LmforgeError(f"cache has {len(cache.layers)} layers but the model has {len(self.layers)}")
-        cached_batch = cache.batch_size
-        if cached_batch is not None and cached_batch != B:
-            raise LmforgeError(
-                f"cache holds batch size {cached_batch} but input_ids has {B} rows; reorder the cache "
-                "(cache.reorder(index)) when the batch changes")
-        return cache.length
+        return cache.prepare(len(self.layers), B, rows="input_ids")

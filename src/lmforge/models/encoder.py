@@ -22,8 +22,10 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.init import normal_init
+from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.layers import EncoderLayer
-from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
+from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
 
 __all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "init_bert_weights"]
 
@@ -63,19 +65,20 @@ class EncoderEmbeddings(nn.Module):
     (the rotation happens inside attention) and ``positions`` is None.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, positions: Positions | None = None) -> None:
         """
         Args:
             config: uses vocab_size, d_model, max_seq_len, positional, type_vocab_size, layer_norm_eps, dropout.
+            positions: what ``lmforge.nn.build_positional`` built for ``config`` (the ``Encoder`` passes its own,
+                whose rotary part goes to the layers); None builds it here.
         """
         super().__init__()
         D = config.d_model
         self.tokens = nn.Embedding(config.vocab_size, D)
-        self.positions: LearnedPositional | SinusoidalPositional | None = None
-        if config.positional == "learned":
-            self.positions = LearnedPositional(config.max_seq_len, D)
-        elif config.positional == "sinusoidal":
-            self.positions = SinusoidalPositional(D, config.max_seq_len)
+        if positions is None:
+            positions = build_positional(config.positional, d_model=D, d_head=config.d_head,
+                                         max_len=config.max_seq_len)
+        self.positions: LearnedPositional | SinusoidalPositional | None = positions.table
         self.segments = nn.Embedding(config.type_vocab_size, D)
         self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
@@ -149,8 +152,10 @@ class Encoder(nn.Module):
         """
         super().__init__()
         self.config = config
-        rotary = RotaryEmbedding(config.d_head, config.max_seq_len) if config.positional == "rotary" else None
-        self.embeddings = EncoderEmbeddings(config)
+        positions = build_positional(config.positional, d_model=config.d_model, d_head=config.d_head,
+                                     max_len=config.max_seq_len)
+        rotary = positions.rotary  # one RotaryEmbedding shared by every layer, or None
+        self.embeddings = EncoderEmbeddings(config, positions)
         self.layers = nn.ModuleList()
         for _ in range(config.n_layers):
             layer = EncoderLayer(
@@ -196,9 +201,8 @@ class Encoder(nn.Module):
             LmforgeError: bad input (shape, dtype, an id outside its vocabulary, a sequence longer than
                 max_seq_len); the message names the value and the limit.
         """
-        self._check_inputs(input_ids, attention_mask, token_type_ids, position_ids)
-        key_mask = _key_padding_mask(attention_mask)  # (B, T) bool, or None when nothing is padded
-        wanted = self._attention_layers(output_attentions)  # layer indices whose weights are returned
+        key_mask = self._check_inputs(input_ids, attention_mask, token_type_ids, position_ids)  # (B, T) bool | None
+        wanted = select_layers(output_attentions, len(self.layers))  # layers whose weights are returned; no bools
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, D)
         hidden_states = [x] if output_hidden_states else None
@@ -220,91 +224,43 @@ class Encoder(nn.Module):
             None if attentions is None else tuple(attentions))
 
     # ------------------------------------------------------------------ input checks
-    def _attention_layers(self, output_attentions: bool | Sequence[int]) -> frozenset[int]:
-        n = len(self.layers)
-        if isinstance(output_attentions, bool):
-            return frozenset(range(n)) if output_attentions else frozenset()
-        wanted = set()
-        for i in output_attentions:
-            if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
-                raise LmforgeError(f"output_attentions: layer index {i!r} is not in [-{n}, {n}) for a {n}-layer "
-                                   "encoder")
-            wanted.add(i % n)
-        return frozenset(wanted)
-
     def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
-                      position_ids: Tensor | None) -> None:
+                      position_ids: Tensor | None) -> Tensor | None:
+        """Raise on a bad input; return the (B, T) bool key mask, or None when nothing is padded.
+
+        The key mask is built once per forward pass, not per layer; None lets the SDPA kernel take its unmasked
+        fast path.
+        """
         cfg = self.config
-        _check_ids(input_ids, "input_ids")
-        if input_ids.dim() != 2:
-            hint = " (add a batch dimension: input_ids.unsqueeze(0))" if input_ids.dim() == 1 else ""
-            raise LmforgeError(f"input_ids must be (batch, length); got shape {tuple(input_ids.shape)}{hint}")
-        B, T = input_ids.shape
-        if T == 0:
-            raise LmforgeError("input_ids has length 0; every sequence needs at least one token ([CLS])")
+        B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
         if T > cfg.max_seq_len:
             raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
                                f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
-        _check_range(input_ids, "token id", f"the vocabulary of size {cfg.vocab_size}", cfg.vocab_size)
         if token_type_ids is not None:
-            _check_ids(token_type_ids, "token_type_ids")
+            check_integer_tensor(token_type_ids, "token_type_ids")
             if token_type_ids.shape != input_ids.shape:
                 raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
                                    f"{tuple(token_type_ids.shape)}")
-            _check_range(token_type_ids, "token type id", f"type_vocab_size={cfg.type_vocab_size}", cfg.type_vocab_size)
+            check_id_range(token_type_ids, cfg.type_vocab_size, name="token_type_ids", what="token type id",
+                           limit=f"type_vocab_size={cfg.type_vocab_size}")
+        key_mask = None
         if attention_mask is not None:
-            if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != (B, T):
-                got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask)
-                raise LmforgeError(f"attention_mask must be (batch={B}, length={T}) like input_ids, with 1 = real "
-                                   f"token and 0 = padding; got shape {got}")
-            if attention_mask.is_complex():
-                raise LmforgeError(f"attention_mask must be bool, integer or float; got dtype {attention_mask.dtype}")
+            key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
+            if bool(key_mask.all()):
+                key_mask = None
         if position_ids is not None:
             if cfg.positional == "rotary":
                 raise LmforgeError("position_ids cannot be given with rotary positions (they are always "
                                    "0 .. T - 1); leave position_ids=None")
-            _check_ids(position_ids, "position_ids")
+            check_integer_tensor(position_ids, "position_ids")
             if tuple(position_ids.shape) not in ((B, T), (T,)):
                 raise LmforgeError(f"position_ids must be (batch={B}, length={T}) or (length={T},); got "
                                    f"{tuple(position_ids.shape)}")
-            _check_range(position_ids, "position id", f"max_seq_len={cfg.max_seq_len}", cfg.max_seq_len)
+            check_id_range(position_ids, cfg.max_seq_len, name="position_ids", what="position id",
+                           limit=f"max_seq_len={cfg.max_seq_len}")
+        return key_mask
 
     def extra_repr(self) -> str:
         c = self.config
         return (f"n_layers={c.n_layers}, d_model={c.d_model}, n_heads={c.n_heads}, d_ff={c.d_ff}, "
                 f"norm_first={c.norm_first}, positional={c.positional!r}")
-
-
-def _check_ids(ids: object, name: str) -> None:
-    if not isinstance(ids, Tensor):
-        raise LmforgeError(f"{name} must be a torch tensor of integer ids; got {type(ids).__name__}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise LmforgeError(f"{name} must hold integers (torch.long); got dtype {ids.dtype}")
-
-
-def _check_range(ids: Tensor, what: str, limit: str, size: int) -> None:
-    """Raise naming the first id outside [0, size) and where it is; one reduction (and device sync) when all ok."""
-    lo, hi = torch.aminmax(ids)
-    if int(lo) >= 0 and int(hi) < size:
-        return
-    bad = ((ids < 0) | (ids >= size)).nonzero()[0].tolist()  # first offending index
-    value = int(ids[tuple(bad)])
-    where = f" at (batch {bad[0]}, position {bad[1]})" if len(bad) == 2 else f" at position {bad[0]}"
-    raise LmforgeError(f"{what} {value}{where} is outside {limit} (valid ids are 0 .. {size - 1})")
-
-
-def _key_padding_mask(attention_mask: Tensor | None) -> Tensor | None:
-    """(B, T) 1/0 mask -> (B, T) bool (True = real token), or None when every token is real.
-
-    Done once per forward pass, not per layer; None lets the SDPA kernel take its unmasked fast path.
-    """
-    if attention_mask is None:
-        return None
-    if attention_mask.dtype == torch.bool:
-        keep = attention_mask
-    else:
-        if attention_mask.is_floating_point() and bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise LmforgeError("attention_mask holds values other than 0 and 1 (an additive mask?); pass 1 = real "
-                               "token, 0 = padding")
-        keep = attention_mask != 0  # (B, T)
-    return None if bool(keep.all()) else keep

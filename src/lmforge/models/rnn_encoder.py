@@ -24,6 +24,8 @@ from lmforge.errors import LmforgeError
 # the heads, pipelines and feature extraction read one shape of result. (Moving EncoderOutput to a shared module
 # would remove the exception.)
 from lmforge.models.encoder import EncoderOutput
+from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import AttentionPooling, StackedRNN
 
 __all__ = ["RNNEncoder"]
@@ -113,39 +115,24 @@ class RNNEncoder(nn.Module):
             LmforgeError: bad input (shape, dtype, an id outside the vocabulary, a mask of another shape, a sequence
                 longer than max_seq_len with the 'location' score).
         """
-        self._check_inputs(input_ids, attention_mask)
+        mask = self._check_inputs(input_ids, attention_mask)  # (B, T) bool or None
+        check_flag(output_attentions, "output_attentions")
         x = self.dropout(self.embeddings(input_ids))  # (B, T, D)
-        rnn = self.layers(x, attention_mask, output_all_layers=output_hidden_states)
+        rnn = self.layers(x, mask, output_all_layers=output_hidden_states)
         h = rnn.states  # (B, T, D), 0 at padding
-        pooled, weights = self.pooler(h, attention_mask)  # (B, D), (B, T)
+        pooled, weights = self.pooler(h, mask)  # (B, D), (B, T)
         hidden_states = (x, *rnn.layer_states) if rnn.layer_states is not None else None
         attentions = (weights[:, None, None, :],) if output_attentions else None  # (B, 1, 1, T)
         return EncoderOutput(h, pooled, hidden_states, attentions)
 
-    def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None) -> None:
+    def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+        """Raise on a bad input; return the (B, T) bool mask (True = real token), or None."""
         cfg = self.config
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-            one_row = isinstance(input_ids, Tensor) and input_ids.dim() == 1
-            hint = " (add a batch dimension: input_ids.unsqueeze(0))" if one_row else ""
-            raise LmforgeError(f"input_ids must be a (batch, length) tensor of token ids; got {shape}{hint}")
-        if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
-            raise LmforgeError(f"input_ids must hold integers (torch.long); got dtype {input_ids.dtype}")
-        B, T = input_ids.shape
-        if B == 0 or T == 0:
-            raise LmforgeError(f"input_ids is empty (shape {(B, T)}); pass at least one token per row")
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= cfg.vocab_size:
-            raise LmforgeError(f"token id {lo if lo < 0 else hi} is outside the vocabulary of size {cfg.vocab_size} "
-                               f"(valid ids are 0 .. {cfg.vocab_size - 1})")
+        B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
         if cfg.attention == "location" and T > cfg.max_seq_len:
             raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}, the positions the "
                                "'location' score can weigh; truncate the input or use a content score")
-        if attention_mask is not None and (not isinstance(attention_mask, Tensor)
-                                           or tuple(attention_mask.shape) != (B, T)):
-            got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-            raise LmforgeError(f"attention_mask must be (batch={B}, length={T}) like input_ids, with 1 = real token "
-                               f"and 0 = padding; got {got}")
+        return None if attention_mask is None else key_padding_mask(attention_mask, batch=B, length=T)
 
     def extra_repr(self) -> str:
         c = self.config

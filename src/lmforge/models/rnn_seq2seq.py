@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import Attention
-from lmforge.nn.masks import padding_to_key_mask
+from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = ["RNNSeq2Seq", "RNNSeq2SeqOutput", "RNNState"]
@@ -199,13 +200,13 @@ class RNNSeq2Seq(nn.Module):
     def _encode(self, src_ids: Tensor, src_mask: Tensor | None) -> tuple[RNNState, Tensor | None]:
         # Also returns the gather order that moved real tokens to the front (None when nothing moved), so that
         # forward can report memory and attention weights in the layout of src_ids.
-        B, S = self._check_ids(src_ids, "src_ids")
+        B, S = check_input_ids(src_ids, vocab_size=self.config.vocab_size, name="src_ids")
         if self.config.attention == "location" and S > self.config.max_seq_len:
             raise LmforgeError(f"source length {S} exceeds max_seq_len={self.config.max_seq_len}, the positions the "
                                "'location' score can address; shorten the source or use a content score")
         mask, order = None, None
         if src_mask is not None:
-            mask = self._bool_mask(src_mask, B, S, "src_mask")
+            mask = key_padding_mask(src_mask, batch=B, length=S, name="src_mask")  # (B, S) bool
             order, lengths = compact_padding(mask)
             if order is not None:  # positions must count real tokens for local-m and the location score
                 src_ids = src_ids.gather(1, order)
@@ -240,7 +241,7 @@ class RNNSeq2Seq(nn.Module):
             shape = tuple(prev_ids.shape) if isinstance(prev_ids, Tensor) else type(prev_ids).__name__
             raise LmforgeError(f"prev_ids must be (batch={B},) token ids, one per row of the state; got {shape} "
                                "(reorder the state with reorder_state when the batch changes)")
-        self._check_ids(prev_ids.unsqueeze(-1), "prev_ids")
+        check_input_ids(prev_ids.unsqueeze(-1), vocab_size=self.config.vocab_size, name="prev_ids")
         y = self.dropout(self.tgt_embed(prev_ids))  # (B, D)
         h_tilde, _, state = self._step(y, state)
         return self.lm_logits(self.dropout(h_tilde)), state  # (B, V)
@@ -307,12 +308,13 @@ class RNNSeq2Seq(nn.Module):
         Returns:
             RNNSeq2SeqOutput(logits (B, T, V), last_hidden_state (B, T, D), memory (B, S, D), attentions).
         """
+        check_flag(output_attentions, "output_attentions")
         state, order = self._encode(src_ids, src_mask)
-        B, T = self._check_ids(tgt_ids, "tgt_ids")
+        B, T = check_input_ids(tgt_ids, vocab_size=self.config.vocab_size, name="tgt_ids")
         if B != state.feed.shape[0]:
             raise LmforgeError(f"tgt_ids has {B} rows but src_ids {state.feed.shape[0]}")
         if tgt_mask is not None:
-            mask = self._bool_mask(tgt_mask, B, T, "tgt_mask")
+            mask = key_padding_mask(tgt_mask, batch=B, length=T, name="tgt_mask")  # (B, T) bool
             if compact_padding(mask)[0] is not None:
                 raise LmforgeError("tgt_mask must be right-padded (1s then 0s in every row): an RNN decoder reads the "
                                    "target left to right from the start token")
@@ -334,30 +336,6 @@ class RNNSeq2Seq(nn.Module):
             memory = torch.zeros_like(memory).scatter_(1, order.unsqueeze(-1).expand_as(memory), memory)
             w = torch.zeros_like(w).scatter_(-1, order.unsqueeze(1).expand_as(w), w)
         return RNNSeq2SeqOutput(logits, h_tilde, memory, w if output_attentions else None)
-
-    # ---------------------------------------------------------------------------------------------- checks
-    def _check_ids(self, ids: Tensor, name: str) -> tuple[int, int]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-            raise LmforgeError(f"{name} must be a (batch, length) tensor of token ids; got {shape}")
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise LmforgeError(f"{name} must hold integer token ids; got dtype {ids.dtype}")
-        B, T = ids.shape
-        if B == 0 or T == 0:
-            raise LmforgeError(f"{name} is empty (shape {(B, T)}); pass at least one token per row")
-        V = self.config.vocab_size
-        lo, hi = int(ids.min()), int(ids.max())  # an out-of-range id would crash the embedding kernel
-        if lo < 0 or hi >= V:
-            raise LmforgeError(f"{name}: token id {lo if lo < 0 else hi} is outside the vocabulary (size {V}; valid "
-                               f"ids are 0..{V - 1})")
-        return B, T
-
-    @staticmethod
-    def _bool_mask(mask: Tensor, B: int, S: int, name: str) -> Tensor:
-        if not isinstance(mask, Tensor) or tuple(mask.shape) != (B, S):
-            got = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
-            raise LmforgeError(f"{name} must be (batch={B}, length={S}) with 1 = real token, 0 = padding; got {got}")
-        return padding_to_key_mask(mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
 
     def extra_repr(self) -> str:
         c = self.config

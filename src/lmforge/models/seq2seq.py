@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -30,55 +29,31 @@ from lmforge.errors import LmforgeError
 from lmforge.nn import (
     DecoderLayer,
     EncoderLayer,
-    LayerCache,
     LearnedPositional,
     RotaryEmbedding,
-    SinusoidalPositional,
-    padding_to_key_mask,
+    StackCache,
+    build_positional,
+    check_flag,
+    check_input_ids,
+    key_padding_mask,
+    positions_from_mask,
 )
 
 __all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput"]
 
 
-class Seq2SeqCache:
+class Seq2SeqCache(StackCache):
     """Key/value caches of every decoder layer of an ``EncoderDecoder``: the state of incremental decoding.
 
     Each ``LayerCache`` holds the growing self-attention keys/values and the cross-attention keys/values, which
-    are projected from the memory once, on the first ``decode`` call, and reused afterwards.
+    are projected from the memory once, on the first ``decode`` call, and reused afterwards. Everything it does is
+    ``lmforge.nn.StackCache``'s (shared with ``DecoderCache``); the subclass keeps the public name, and ``decode``
+    accepts no other family's cache. ``reorder`` reorders the cross-attention keys/values too; the caller reorders
+    ``memory``, ``src_mask`` and ``tgt_mask`` the same way.
 
     Attributes:
         layers: one ``lmforge.nn.LayerCache`` per decoder layer.
     """
-
-    def __init__(self, n_layers: int = 0) -> None:
-        self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
-
-    @property
-    def length(self) -> int:
-        """P, number of cached target positions (0 while empty)."""
-        return self.layers[0].self_attn.length if self.layers else 0
-
-    @property
-    def batch_size(self) -> int | None:
-        """B of the cached keys, or None while empty."""
-        if not self.layers:
-            return None
-        for kv in (self.layers[0].self_attn, self.layers[0].cross_attn):
-            if kv.key is not None:
-                return kv.key.shape[0]
-        return None
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search): ``index`` (B',) long, rows to keep in order (repeats allowed).
-
-        Reorders the cross-attention keys/values too; the caller reorders ``memory``, ``src_mask`` and ``tgt_mask``
-        the same way (``x.index_select(0, index)``).
-        """
-        for layer in self.layers:
-            layer.reorder(index)
-
-    def __repr__(self) -> str:
-        return f"Seq2SeqCache(layers={len(self.layers)}, length={self.length})"
 
 
 class DecodeOutput(NamedTuple):
@@ -114,11 +89,6 @@ class Seq2SeqOutput(NamedTuple):
     memory: Tensor
     self_attentions: tuple[Tensor, ...] | None = None
     cross_attentions: tuple[Tensor, ...] | None = None
-
-
-def _positions_from_mask(mask: Tensor, T: int) -> Tensor:
-    # Position of each of the last T tokens among the real tokens (cumsum - 1): left padding is skipped.
-    return ((mask != 0).long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
 
 
 class EncoderDecoder(nn.Module):
@@ -163,16 +133,13 @@ class EncoderDecoder(nn.Module):
             self.src_embedding = nn.Embedding(V, D)
             self.tgt_embedding = nn.Embedding(V, D)
             self._src_table, self._tgt_table = "src_embedding", "tgt_embedding"
-        self.src_position: nn.Module | None = None
-        self.tgt_position: nn.Module | None = None
-        self.rotary: RotaryEmbedding | None = None
-        if config.positional == "learned":
-            self.src_position = LearnedPositional(Lmax, D)
-            self.tgt_position = LearnedPositional(Lmax, D)
-        elif config.positional == "sinusoidal":  # one fixed table (no parameters) serves both sides
-            self.src_position = self.tgt_position = SinusoidalPositional(D, Lmax)
-        else:
-            self.rotary = RotaryEmbedding(config.d_head, Lmax)
+        sizes = dict(d_model=D, d_head=config.d_head, max_len=Lmax)
+        src = build_positional(config.positional, **sizes)
+        self.src_position: nn.Module | None = src.table
+        self.rotary: RotaryEmbedding | None = src.rotary
+        # A learned table is trained per side; a sinusoidal one (no parameters) serves both; rotary adds none.
+        self.tgt_position: nn.Module | None = (build_positional(config.positional, **sizes).table
+                                               if isinstance(src.table, LearnedPositional) else src.table)
         self.dropout = nn.Dropout(config.dropout)
         common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout,
                       activation=config.activation, norm_first=config.norm_first,
@@ -233,7 +200,7 @@ class EncoderDecoder(nn.Module):
         Returns:
             memory (B, S, D). Rows at padded positions hold values that nothing attends to.
         """
-        B, S = self._check_ids(src_ids, "src_ids")
+        B, S = check_input_ids(src_ids, vocab_size=self.config.vocab_size, name="src_ids")
         self._check_length(S, 0, "source")
         src_mask, positions = self._mask_and_positions(src_mask, B, S, 0, "src_mask")
         x = self._embed(self.src_embed, self.src_position, src_ids, 0, positions)  # (B, S, D)
@@ -268,7 +235,8 @@ class EncoderDecoder(nn.Module):
         Returns:
             DecodeOutput(logits (B, T, V), last_hidden_state (B, T, D), cache, self_attentions, cross_attentions).
         """
-        B, T = self._check_ids(tgt_ids, "tgt_ids")
+        check_flag(output_attentions, "output_attentions")
+        B, T = check_input_ids(tgt_ids, vocab_size=self.config.vocab_size, name="tgt_ids")
         past = self._prepare_cache(cache, B)
         self._check_length(T, past, "target")
         if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[0] != B \
@@ -279,11 +247,8 @@ class EncoderDecoder(nn.Module):
                 f"got {shape}")
         S = memory.shape[1]
         if src_mask is not None:
-            if src_mask.dim() != 2 or tuple(src_mask.shape) != (B, S):
-                raise LmforgeError(
-                    f"src_mask must be (batch={B}, source length={S}) with 1 = real token; got "
-                    f"{tuple(src_mask.shape)}")
-            src_mask = padding_to_key_mask(src_mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+            src_mask = key_padding_mask(src_mask, batch=B, length=S, name="src_mask",
+                                        length_label=f"source length={S}")  # (B, S) bool
         tgt_mask, positions = self._mask_and_positions(tgt_mask, B, past + T, past, "tgt_mask", T)
         y = self._embed(self.tgt_embed, self.tgt_position, tgt_ids, past, positions)  # (B, T, D)
         self_w: list[Tensor] = []
@@ -342,30 +307,14 @@ class EncoderDecoder(nn.Module):
         # kernels take their unmasked path.
         if mask is None:
             return None, None
-        if mask.dim() != 2 or tuple(mask.shape) != (B, S):
-            extra = f" (cached {past} + new {S - past})" if past else ""
-            raise LmforgeError(
-                f"{name} must be (batch={B}, length={S}{extra}) with 1 = real token; got {tuple(mask.shape)}")
-        mask = padding_to_key_mask(mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
-        positions = None if self.rotary is not None else _positions_from_mask(mask, S if T is None else T)
+        extra = f" (cached {past} + new {S - past})" if past else ""
+        mask = key_padding_mask(mask, batch=B, length=S, name=name, length_label=f"length={S}{extra}")  # (B, S)
+        positions = None if self.rotary is not None else positions_from_mask(mask, S if T is None else T)
         return (None if bool(mask.all()) else mask), positions
 
     def _check_ids(self, ids: Tensor, name: str) -> tuple[int, int]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-            raise LmforgeError(f"{name} must be a (batch, length) tensor of token ids; got {shape}")
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise LmforgeError(f"{name} must hold integer token ids; got dtype {ids.dtype}")
-        B, T = ids.shape
-        if B == 0 or T == 0:
-            raise LmforgeError(f"{name} is empty (shape {(B, T)}); pass at least one token per row")
-        V = self.config.vocab_size
-        lo, hi = int(ids.min()), int(ids.max())  # one sync; an out-of-range id would crash the embedding kernel
-        if lo < 0 or hi >= V:
-            raise LmforgeError(
-                f"{name}: token id {lo if lo < 0 else hi} is outside the vocabulary (size {V}; valid ids are "
-                f"0..{V - 1})")
-        return B, T
+        # Kept for lmforge.viz.attention, which re-runs encode step by step.
+        return check_input_ids(ids, vocab_size=self.config.vocab_size, name=name)
 
     def _check_length(self, T: int, past: int, side: str) -> None:
         Lmax = self.config.max_seq_len
@@ -380,14 +329,4 @@ class EncoderDecoder(nn.Module):
             return 0
         if not isinstance(cache, Seq2SeqCache):
             raise LmforgeError(f"cache must be a Seq2SeqCache (model.new_cache()); got {type(cache).__name__}")
-        if not cache.layers:
-            cache.layers = [LayerCache() for _ in self.decoder_layers]
-        if len(cache.layers) != len(self.decoder_layers):
-            raise LmforgeError(
-                f"cache has {len(cache.layers)} layers but the model has {len(self.decoder_layers)} decoder layers")
-        cached_batch = cache.batch_size
-        if cached_batch is not None and cached_batch != B:
-            raise LmforgeError(
-                f"cache holds batch size {cached_batch} but tgt_ids has {B} rows; reorder the cache "
-                "(cache.reorder(index)) and the memory when the batch changes")
-        return cache.length
+        return cache.prepare(len(self.decoder_layers), B, rows="tgt_ids", also_reorder=" and the memory")

@@ -1,4 +1,4 @@
-"""Model-agnostic Transformer building blocks: masks, attention, positions, feed-forward, layers.
+"""Model-agnostic Transformer building blocks: masks, attention, positions, feed-forward, layers, input checks.
 
 Flat keyword arguments only (never a config object). Mask conventions: see ``lmforge.nn.masks``.
 """
@@ -24,9 +24,18 @@ from lmforge.nn.attention import (
 )
 from lmforge.nn.crf import LinearChainCRF
 from lmforge.nn.feedforward import ACTIVATIONS, FeedForward, gelu_sigmoid
-from lmforge.nn.layers import DecoderLayer, EncoderLayer, LayerCache, LayerOutput
-from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask, to_additive_mask
-from lmforge.nn.positional import LearnedPositional, RotaryEmbedding, SinusoidalPositional
+from lmforge.nn.inputs import check_flag, check_id_range, check_input_ids, check_integer_tensor, select_layers
+from lmforge.nn.layers import DecoderLayer, EncoderLayer, LayerCache, LayerOutput, StackCache
+from lmforge.nn.masks import (
+    combine_masks,
+    guard_empty_rows,
+    key_padding_mask,
+    make_causal_mask,
+    padding_to_key_mask,
+    positions_from_mask,
+    to_additive_mask,
+)
+from lmforge.nn.positional import LearnedPositional, Positions, RotaryEmbedding, SinusoidalPositional, build_positional
 from lmforge.nn.rnn import AttentionPooling, RNNOutput, StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = [
@@ -48,19 +57,29 @@ __all__ = [
     "LearnedPositional",
     "LocationScore",
     "MultiHeadAttention",
+    "Positions",
     "RotaryEmbedding",
     "ScaledDotScore",
     "SinusoidalPositional",
+    "StackCache",
     "attention_weights",
+    "build_positional",
+    "check_flag",
+    "check_id_range",
+    "check_input_ids",
+    "check_integer_tensor",
     "combine_masks",
     "gelu_sigmoid",
     "guard_empty_rows",
+    "key_padding_mask",
     "make_causal_mask",
     "make_score",
     "masked_softmax",
     "math_attention",
     "padding_to_key_mask",
+    "positions_from_mask",
     "sdpa_attention",
+    "select_layers",
     "to_additive_mask",
     "AttentionPooling",
     "LinearChainCRF",

@@ -20,7 +20,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.attention import KVCache, MultiHeadAttention
 from lmforge.nn.feedforward import FeedForward
 
-__all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput"]
+__all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput", "StackCache"]
 
 
 @dataclass
@@ -34,6 +34,79 @@ class LayerCache:
         """Select batch rows (beam search): ``index`` (B',) of rows to keep, in order."""
         self.self_attn.reorder(index)
         self.cross_attn.reorder(index)
+
+
+class StackCache:
+    """Key/value caches of every layer of a decoder stack: the state of incremental decoding.
+
+    Shape legend: B batch, P cached (past) positions, L decoder layers.
+
+    One implementation for every model that decodes with ``DecoderLayer`` (the decoder-only ``Decoder`` and the
+    ``EncoderDecoder``): they had near-copies of it. The models subclass it only to keep their own public names
+    (``DecoderCache``, ``Seq2SeqCache``), which their ``forward`` checks so that a cache is never handed to a
+    model of another family. A decoder-only stack never fills ``cross_attn``; that costs nothing.
+
+    Make one with ``model.new_cache()`` (or the class with no argument: the model adds the per-layer caches on first
+    use through ``prepare``) and pass the same object to every call; it is extended in place.
+
+    Attributes:
+        layers: one ``LayerCache`` per layer (self-attention keys/values, growing by the new positions on every
+            call, and cross-attention keys/values, projected from the memory once).
+    """
+
+    def __init__(self, n_layers: int = 0) -> None:
+        self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """P, number of cached positions (padding included; 0 while empty)."""
+        return self.layers[0].self_attn.length if self.layers else 0
+
+    @property
+    def batch_size(self) -> int | None:
+        """B of the cached keys, or None while empty."""
+        if not self.layers:
+            return None
+        for kv in (self.layers[0].self_attn, self.layers[0].cross_attn):
+            if kv.key is not None:
+                return kv.key.shape[0]
+        return None
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows, e.g. the surviving beams: ``index`` (B',) long, rows to keep in order (repeats allowed).
+
+        Reorders the cross-attention keys/values too; the caller reorders what it keeps beside the cache (the
+        ``attention_mask``, the memory and its mask) the same way (``x.index_select(0, index)``).
+        """
+        for layer in self.layers:
+            layer.reorder(index)
+
+    def prepare(self, n_layers: int, batch_size: int, *, rows: str = "input_ids", also_reorder: str = "") -> int:
+        """Make the cache ready for a stack of ``n_layers`` and a batch of ``batch_size`` rows; return P.
+
+        Args:
+            n_layers: L of the model the cache is used with (an empty cache gets L layer caches now).
+            batch_size: B of the new ids.
+            rows: the name of the ids, for the message.
+            also_reorder: what else the caller must reorder with the cache, for the message (e.g. " and the
+                memory").
+
+        Returns:
+            P, the number of cached positions before this call.
+        """
+        if not self.layers:
+            self.layers = [LayerCache() for _ in range(n_layers)]
+        if len(self.layers) != n_layers:
+            raise LmforgeError(f"cache has {len(self.layers)} layers but the model has {n_layers} decoder layers")
+        cached_batch = self.batch_size
+        if cached_batch is not None and cached_batch != batch_size:
+            raise LmforgeError(
+                f"cache holds batch size {cached_batch} but {rows} has {batch_size} rows; reorder the cache "
+                f"(cache.reorder(index)){also_reorder} when the batch changes")
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(layers={len(self.layers)}, length={self.length})"
 
 
 class LayerOutput(NamedTuple):

@@ -24,7 +24,15 @@ from torch import Tensor
 
 from lmforge.errors import LmforgeError
 
-__all__ = ["combine_masks", "guard_empty_rows", "make_causal_mask", "padding_to_key_mask", "to_additive_mask"]
+__all__ = [
+    "combine_masks",
+    "guard_empty_rows",
+    "key_padding_mask",
+    "make_causal_mask",
+    "padding_to_key_mask",
+    "positions_from_mask",
+    "to_additive_mask",
+]
 
 
 def make_causal_mask(T: int, S: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
@@ -72,6 +80,55 @@ def padding_to_key_mask(attention_mask: Tensor) -> Tensor:
                 "0 = padding")
         keep = attention_mask != 0
     return keep[:, None, None, :]  # (B, 1, 1, S)
+
+
+def key_padding_mask(attention_mask: object, *, batch: int | None = None, length: int | None = None,
+                     name: str = "attention_mask", length_label: str | None = None) -> Tensor:
+    """Check a boundary mask (1 = real token, 0 = padding) and turn it into a (B, S) bool mask, True = real token.
+
+    Every model takes its padding masks through here, so that a mask of the wrong shape, a complex mask or an
+    additive mask (0 / -10000) is rejected with the same words everywhere, and the (B, S) bool layout that the
+    layers and ``StackedRNN`` take is built in one place.
+
+    Args:
+        attention_mask: (B, S) bool, integer, or float holding only 0 and 1.
+        batch: B the mask must have (the rows of the ids it goes with); None = any.
+        length: S the mask must have; None = any.
+        name: the argument's name in the caller's signature, for the message (e.g. "src_mask").
+        length_label: how the message describes S (default ``f"length={length}"``), e.g. "source length=7" or
+            "cached + new = 2 + 1 = 3" where S is not simply the length of the ids.
+
+    Returns:
+        (B, S) bool, True = real token.
+    """
+    want = (batch, length)
+    got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+    if (not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2
+            or any(w is not None and w != g for w, g in zip(want, attention_mask.shape, strict=True))):
+        where = f"batch={'B' if batch is None else batch}, "
+        where += length_label or f"length={'S' if length is None else length}"
+        raise LmforgeError(f"{name} must be ({where}) with 1 = real token, 0 = padding; got shape {got}")
+    if attention_mask.is_complex():
+        raise LmforgeError(f"{name} must be bool, integer or float (1 = real token, 0 = padding); got dtype "
+                           f"{attention_mask.dtype}")
+    return padding_to_key_mask(attention_mask)[:, 0, 0, :]  # (B, S) bool; rejects additive masks
+
+
+def positions_from_mask(attention_mask: Tensor, T: int) -> Tensor:
+    """Position ids of the last T of S positions, counting real tokens only.
+
+    Why: a left-padded row must get the positions of the same row unpadded (so batched generation equals
+    generating each prompt alone); padding gets 0 (before the first real token) or repeats (after the last), which
+    is harmless because nothing attends to it.
+
+    Args:
+        attention_mask: (B, S), 1 (or True) = real token.
+        T: number of new positions (the last T of the S).
+
+    Returns:
+        (B, T) long.
+    """
+    return ((attention_mask != 0).long().cumsum(-1) - 1).clamp(min=0)[:, -T:]  # (B, T)
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:

@@ -8,12 +8,15 @@ and dropout after the sum are the model's business, not done here.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
+from lmforge.choices import POSITIONALS
 from lmforge.errors import LmforgeError
 
-__all__ = ["LearnedPositional", "RotaryEmbedding", "SinusoidalPositional"]
+__all__ = ["LearnedPositional", "Positions", "RotaryEmbedding", "SinusoidalPositional", "build_positional"]
 
 
 def _check_span(offset: int, length: int, max_len: int, what: str) -> None:
@@ -186,3 +189,42 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"d_head={self.d_head}, max_len={self.max_len}, base={self.base}"
 
+
+
+class Positions(NamedTuple):
+    """What ``build_positional`` returns: exactly one of the two is set.
+
+    Attributes:
+        table: a ``LearnedPositional`` or ``SinusoidalPositional`` the model adds to its token embeddings, or None.
+        rotary: a ``RotaryEmbedding`` the model hands to every self-attention, or None.
+    """
+
+    table: LearnedPositional | SinusoidalPositional | None
+    rotary: RotaryEmbedding | None
+
+
+def build_positional(kind: str, *, d_model: int, d_head: int, max_len: int) -> Positions:
+    """The position encoding of a Transformer, by name: the one place that maps ``positional`` to a module.
+
+    Why: the encoder, the decoder and the encoder-decoder each chose among the three kinds with their own
+    ``if``/``elif`` chain; a new kind (or a fixed default, such as the sinusoidal base) now changes here only.
+    The result says where the module goes, because that differs by kind: a table is added to the embeddings, the
+    rotary embedding acts inside attention.
+
+    Args:
+        kind: one of ``lmforge.choices.POSITIONALS``: "learned" (BERT, GPT-2), "sinusoidal" (Vaswani et al.
+            2017) or "rotary" (Su et al. 2021).
+        d_model: D, the embedding width (tables).
+        d_head: Dh, the attention head width (rotary; must then be even).
+        max_len: L, the number of positions.
+
+    Returns:
+        ``Positions(table, rotary)``: the table with no rotary, or the rotary embedding with no table.
+    """
+    if kind == "learned":
+        return Positions(LearnedPositional(max_len, d_model), None)
+    if kind == "sinusoidal":
+        return Positions(SinusoidalPositional(d_model, max_len), None)
+    if kind == "rotary":
+        return Positions(None, RotaryEmbedding(d_head, max_len))
+    raise LmforgeError(f"unknown positional encoding {kind!r}; choose one of {', '.join(POSITIONALS)}")

@@ -20,7 +20,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import Attention, CosineScore, make_score
-from lmforge.nn.masks import padding_to_key_mask
+from lmforge.nn.masks import key_padding_mask
 
 __all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "compact_padding", "make_rnn", "make_state_score"]
 
@@ -68,14 +68,6 @@ def make_state_score(name: str, d_model: int, *, max_len: int | None = None) -> 
     if name == "cosine":
         return CosineScore(scale=math.sqrt(d_model))
     return make_score(name, d_q=d_model, d_k=d_model, d_attn=d_model, max_len=max_len)
-
-
-def _bool_mask(attention_mask: Tensor, B: int, T: int) -> Tensor:
-    if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != (B, T):
-        got = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-        raise LmforgeError(f"attention_mask must be (batch={B}, length={T}) with 1 = real token, 0 = padding; "
-                           f"got {got}")
-    return padding_to_key_mask(attention_mask)[:, 0, 0, :]  # (B, T) bool; rejects additive masks
 
 
 def compact_padding(mask: Tensor) -> tuple[Tensor | None, Tensor]:
@@ -167,7 +159,7 @@ class StackedRNN(nn.ModuleList):
         if x.dim() != 3:
             raise LmforgeError(f"RNN inputs must be (batch, length, width); got {tuple(x.shape)}")
         B, T, _ = x.shape
-        mask = None if attention_mask is None else _bool_mask(attention_mask, B, T)  # (B, T) bool
+        mask = None if attention_mask is None else key_padding_mask(attention_mask, batch=B, length=T)  # (B, T)
         order, lengths = (None, torch.full((B,), T, dtype=torch.long)) if mask is None else compact_padding(mask)
         if order is not None:
             x = x.gather(1, order.unsqueeze(-1).expand_as(x))  # (B, T, Din) real tokens first
@@ -252,7 +244,7 @@ class AttentionPooling(nn.Module):
         B, T, D = states.shape
         mask, order = None, None
         if attention_mask is not None:
-            mask = _bool_mask(attention_mask, B, T)
+            mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
             order, lengths = compact_padding(mask)
             if order is not None:  # real tokens first, so that 'location' positions count real tokens
                 states = states.gather(1, order.unsqueeze(-1).expand_as(states))

@@ -59,8 +59,9 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
     path = Path(source)
     if path.is_dir() and preset_options:
-        raise LmforgeError(f"preset_options ({', '.join(preset_options)}) only apply when --model is a preset name, "
-                           f"not a folder ({source})")
+        shown = ", ".join(f"--model.{k}" for k in preset_options)
+        raise LmforgeError(f"model settings ({shown}) only apply when --model is a preset name, not a folder "
+                           f"({source})")
     if path.is_dir():
         loaded = load_backbone(path)
         backbone, config = loaded.model, loaded.config
