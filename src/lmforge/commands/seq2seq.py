@@ -1,17 +1,5 @@
-"""``lmforge train-seq2seq``: train a Transformer encoder-decoder or an attentional RNN on (source, target) pairs.
-
-Vaswani et al. (2017) as the defaults: teacher forcing, label smoothing 0.1, the inverse-square-root schedule with
-warm-up, one vocabulary shared by source and target. The dev set is decoded (greedy by default) every epoch and
-scored with ROUGE; the best model by ``select`` (ROUGE-L) is kept; at the end the test set, when there is one, is
-decoded with ``[decode]`` (e.g. beam 4 with the GNMT length penalty) into ``test_results.json`` and
-``test_predictions.jsonl``.
-
-``data.train = "bbc-headlines"`` uses the embedded BBC News corpus: write each article's title from its body,
-on a fixed per-topic split (``lmforge.data.seq2seq``).
-
-Without ``tokenizer``, a WordPiece vocabulary of ``vocab_size`` tokens is trained by pair count on the training
-sources and targets (deterministic, so a resumed run gets the same one) and saved with the model.
-"""
+"""``lmforge train-seq2seq``: the command line of the encoder-decoder recipe (``lmforge.recipes.seq2seq``: the
+defaults, the data, the dev and test decoding)."""
 
 from __future__ import annotations
 

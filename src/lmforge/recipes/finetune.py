@@ -189,7 +189,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     scales = lr_scales(model, lr=run.train.lr, head_lr=run.task.head_lr, layer_decay=run.task.layer_decay)
     log.info("%s: %d training examples -> %d features, %d labels, %d steps (%d per epoch)", run.task.task,
              len(train_examples), len(train_features), len(task.labels), run.train.max_steps, per_epoch)
-    trainer = Trainer(model, TaskObjective(task), data, run.train, run.out, model_config=config, head=head_spec,
+    trainer = Trainer(model, TaskObjective(task), data, run.train, run.out,
                       tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
                       progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
                       lr_scales=scales)

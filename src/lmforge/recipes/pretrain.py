@@ -106,8 +106,7 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": fallback})
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
-    model, config, head = build_pretraining_model(run, tokenizer.vocab_size)
+    model, _, _ = build_pretraining_model(run, tokenizer.vocab_size)  # its config and head travel with it
     objective = get_objective(run.data.objective).loss(run.data)
-    return Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, model_config=config,
-                   head=head, tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
-                   progress=progress)
+    return Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, tokenizer=tokenizer,
+                   run_config=to_dict(run), resume=resume, overwrite=overwrite, progress=progress)

@@ -231,7 +231,7 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
 
     log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)", run.preset,
              len(train), len(dev), len(test), run.train.max_steps, per_epoch)
-    trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, run.out, model_config=config,
+    trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, run.out,
                       tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
                       progress=progress, evaluator=evaluator, select=run.select if evaluator else None)
     return trainer, tokenizer, test

@@ -224,7 +224,7 @@ class Trainer:
         self.config = config = _settled(config)
         self.out_dir = Path(out_dir)
         self.objective, self.train_data, self.eval_data = objective, train_data, eval_data
-        self.head, self.tokenizer, self.run_config, self.progress = head, tokenizer, run_config, progress
+        self.tokenizer, self.run_config, self.progress = tokenizer, run_config, progress
         self.evaluator, self.select = evaluator, select
         self.tracker = BestTracker(select)  # the best evaluation so far
         self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
@@ -232,6 +232,8 @@ class Trainer:
         self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
         self._forward_model = model.to(self.device)  # what objectives call (compiled, later DDP-wrapped)
         self.model_config = model_config or _find_model_config(self.model)
+        # a TaskModel's head describes itself (lmforge.heads.build_head); an explicit head= still wins
+        self.head = head if head is not None else getattr(getattr(self.model, "head", None), "head_config", None)
         self.optimizer = build_optimizer(self.model, config, lr_scales)
         self.scheduler = build_scheduler(self.optimizer, config)
         self.progress_state = Progress()
