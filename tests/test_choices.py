@@ -56,3 +56,15 @@ def test_the_command_line_offers_exactly_the_names():
     assert options("embed")["--pooling"] == list(choices.TEXT_POOLINGS)
     assert options("embed")["--word-pooling"] == list(choices.WORD_POOLINGS)
     assert options("viz attention")["--precision"] == list(choices.VIEWER_PRECISIONS)
+
+
+def test_recurrent_families_are_the_registry_s_and_are_validated_as_rnns():
+    from lmforge.config import ModelConfig
+    from lmforge.errors import LmforgeError
+    from lmforge.models import architectures_with
+
+    assert architectures_with("recurrent") == list(choices.RECURRENT_ARCHITECTURES)
+    for arch in choices.RECURRENT_ARCHITECTURES:  # the Transformer fields do not apply: no n_heads to please
+        ModelConfig(arch=arch, vocab_size=99, d_model=12, n_heads=7, d_ff=0, max_seq_len=16)
+    with pytest.raises(LmforgeError, match="d_model=12 is not divisible by n_heads=7"):
+        ModelConfig(arch="encoder", vocab_size=99, d_model=12, n_heads=7, max_seq_len=16)

@@ -10,6 +10,9 @@ from __future__ import annotations
 # models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
 # nn.positional, nn.feedforward.ACTIVATIONS
 ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq")
+# the families sized by the RNN fields (rnn_cell, bidirectional, attention); the Transformer fields (n_heads, d_ff,
+# positional, activation, kernel) do not apply to them (lmforge.models: the ``recurrent`` capability)
+RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq")
 RNN_CELLS = ("gru", "lstm")
 ATTENTION_SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
 POSITIONALS = ("learned", "sinusoidal", "rotary")

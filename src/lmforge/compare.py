@@ -158,23 +158,22 @@ def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, di
 
     ``min_count`` is 1: every piece of the tokenizer's vocabulary that occurs gets a vector.
     """
-    from lmforge.embeddings.glove import GloVeConfig, train_glove
-    from lmforge.embeddings.io import save_word2vec
+    from lmforge.embeddings.glove import GloVeConfig
     from lmforge.embeddings.vocab import EncodedCorpus
-    from lmforge.embeddings.word2vec import Word2VecConfig, train_word2vec
+    from lmforge.embeddings.word2vec import Word2VecConfig
+    from lmforge.recipes.vectors import train_vectors
 
-    corpus = EncodedCorpus.from_sentences(sentences)
-    vocab = corpus.build_vocabulary(1)
-    if kind == "word2vec":
-        result = train_word2vec(corpus, vocab, Word2VecConfig(dim=dim, window=window, epochs=epochs, min_count=1,
-                                                              seed=seed + 1))
-        log.info("compare: word2vec (skip-gram, %d dims) on the training texts: %.1f s, final loss %.3f", dim,
-                 result.seconds, result.epochs[-1].loss if result.epochs else float("nan"))
-    else:
-        result = train_glove(corpus, vocab, GloVeConfig(dim=dim, window=window, epochs=epochs, min_count=1,
-                                                        seed=seed + 1))
-        log.info("compare: GloVe (%d dims) on the training texts: %.1f s", dim, result.seconds)
-    save_word2vec(result.vectors, out)
+    settings = dict(dim=dim, window=window, epochs=epochs, min_count=1, seed=seed + 1)
+    config = Word2VecConfig(**settings) if kind == "word2vec" else GloVeConfig(**settings)
+    level = log.level
+    log.setLevel(logging.WARNING)  # one summary line instead of the vocabulary and every epoch
+    try:
+        result, _ = train_vectors(config, EncodedCorpus.from_sentences(sentences), out=out, metrics=False,
+                                  progress=False)
+    finally:
+        log.setLevel(level)
+    final = f", final loss {result.epochs[-1].loss:.3f}" if result.epochs else ""
+    log.info("compare: %s (%d dims) on the training texts: %.1f s%s", kind, dim, result.seconds, final)
     return out
 
 

@@ -28,6 +28,7 @@ from lmforge.choices import (
     MASKINGS,
     POSITIONALS,
     PRECISIONS,
+    RECURRENT_ARCHITECTURES,
     RNN_CELLS,
     SCHEDULES,
     SPAN_POOLINGS,
@@ -103,7 +104,9 @@ class ModelConfig:
                               ("attention", ATTENTION_SCORES)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
+        recurrent = self.arch in RECURRENT_ARCHITECTURES
+        sizes = ("vocab_size", "d_model", "n_layers", "max_seq_len") + (() if recurrent else ("n_heads", "d_ff"))
+        for name in sizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 problems.append(f"{name}={value!r} must be a positive integer")
@@ -111,7 +114,7 @@ class ModelConfig:
                 problems.append(f"{name}={value} is beyond any model lmforge can build (at most {MAX_SIZE[name]:,})")
         if self.n_decoder_layers is not None and not 0 <= self.n_decoder_layers <= MAX_SIZE["n_layers"]:
             problems.append(f"n_decoder_layers={self.n_decoder_layers} must be in [0, {MAX_SIZE['n_layers']:,}]")
-        if not problems and self.d_model % self.n_heads:
+        if not problems and not recurrent and self.d_model % self.n_heads:
             problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose "
                             f"n_heads among the divisors of {self.d_model}")
         for name in ("dropout", "attention_dropout"):
@@ -121,14 +124,14 @@ class ModelConfig:
             problems.append(f"init_std={self.init_std} must be in [0, 10)")
         if not 0.0 < self.layer_norm_eps < 1.0:
             problems.append(f"layer_norm_eps={self.layer_norm_eps} must be in (0, 1)")
-        if (self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
+        if (not recurrent and self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
                 and self.d_model % self.n_heads == 0 and self.d_head % 2):
             problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
         if self.arch == "encoder" and self.type_vocab_size < 1:
             problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")
         if self.attention_window is not None and self.attention_window < 0:
             problems.append(f"attention_window={self.attention_window} must be >= 0 (None = global attention)")
-        if self.arch in ("rnn", "rnn_seq2seq") and self.bidirectional and self.d_model % 2:
+        if recurrent and self.bidirectional and self.d_model % 2:
             problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
                             "even d_model")
         if not 0 <= self.pad_token_id < max(self.vocab_size, 1):
@@ -163,8 +166,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                             layer_norm_eps=1e-6, scale_embeddings=True, type_vocab_size=0, max_seq_len=1024),
     # the lectures' RNN models: a BiGRU classifier with attention pooling, and Luong et al.'s (2015) attentional
     # encoder-decoder (bidirectional GRU encoder, "general" score, input feeding)
-    "rnn-attn": dict(arch="rnn", n_layers=1, d_model=256, n_heads=1, dropout=0.1, type_vocab_size=0),
-    "rnn-seq2seq": dict(arch="rnn_seq2seq", n_layers=1, d_model=256, n_heads=1, dropout=0.1, type_vocab_size=0,
+    "rnn-attn": dict(arch="rnn", n_layers=1, d_model=256, dropout=0.1, type_vocab_size=0),
+    "rnn-seq2seq": dict(arch="rnn_seq2seq", n_layers=1, d_model=256, dropout=0.1, type_vocab_size=0,
                         attention="general", input_feeding=True),
 }
 

@@ -7,16 +7,15 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict
-from pathlib import Path
 
 from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
-from lmforge.embeddings.glove import GloVeConfig, GloVeEpoch, train_glove
-from lmforge.embeddings.io import load_word2vec, save_word2vec
+from lmforge.embeddings.glove import GloVeConfig
+from lmforge.embeddings.io import load_word2vec
 from lmforge.embeddings.vocab import encode_corpus
-from lmforge.embeddings.word2vec import EpochStats, Word2VecConfig, train_word2vec
-from lmforge.utils.io import atomic_write_text, prepare_output_file
+from lmforge.embeddings.word2vec import Word2VecConfig
+from lmforge.recipes.vectors import metrics_path, train_vectors
+from lmforge.utils.io import prepare_output_file
 
 log = logging.getLogger("lmforge")
 
@@ -53,16 +52,6 @@ def _number(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def metrics_path(out: str | Path) -> Path:
-    """Where the per-epoch metrics go: ``vectors.txt`` -> ``vectors.metrics.jsonl``."""
-    return Path(out).with_suffix(".metrics.jsonl")
-
-
-def _write_outputs(args: argparse.Namespace, result, records: list[dict]) -> None:
-    save_word2vec(result.vectors, args.out, binary=args.binary)
-    atomic_write_text(metrics_path(args.out), "".join(json.dumps(r) + "\n" for r in records))
-
-
 # ---------------------------------------------------------------------------------------------- word2vec
 def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
     _add_common(p, window=5, epochs=5, batch=1024, batch_unit="centre words")
@@ -95,21 +84,8 @@ def run_word2vec_train(args: argparse.Namespace) -> int:
                             min_alpha=args.min_alpha, epochs=args.epochs, batch_size=args.batch_size,
                             share_negatives=args.share_negatives, workers=args.workers, seed=args.seed,
                             device=args.device)
-    stats = ReadStats()
-    records: list[dict] = []
-
-    def on_epoch(e: EpochStats) -> None:
-        log.info("epoch %d/%d: loss %.4f (mean per %s), %s pairs, lr %.5f, %.1f s", e.epoch, config.epochs, e.loss,
-                 "pair" if config.architecture == "skipgram" else "centre word", f"{e.pairs:,}", e.lr_end,
-                 e.seconds)
-        records.append({"method": f"word2vec-{config.architecture}", **asdict(e)})
-
-    with encode_corpus(args.input, stats=stats, progress=True) as corpus:
-        vocab = corpus.build_vocabulary(config.min_count)
-        log.info("vocabulary: %s words with count >= %d (%s of %s corpus words)", f"{len(vocab):,}",
-                 config.min_count, f"{vocab.kept_words:,}", f"{vocab.total_words:,}")
-        result = train_word2vec(corpus, vocab, config, progress=True, on_epoch=on_epoch)
-    _write_outputs(args, result, records)
+    with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
+        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
     print(f"word2vec {config.architecture}: {len(vocab):,} words x {config.dim} dimensions, {config.epochs} epochs "
           f"in {result.seconds:.1f} s ({result.words_per_second:,.0f} words/s); final loss "
           f"{result.epochs[-1].loss:.4f}")
@@ -132,18 +108,8 @@ def run_glove_train(args: argparse.Namespace) -> int:
     config = GloVeConfig(dim=args.dim, window=args.window, min_count=args.min_count, epochs=args.epochs, lr=args.lr,
                          x_max=args.x_max, alpha=args.alpha, batch_size=args.batch_size, workers=args.workers,
                          seed=args.seed, max_entries=args.max_entries, device=args.device)
-    records: list[dict] = []
-
-    def on_epoch(e: GloVeEpoch) -> None:
-        log.info("epoch %d/%d: loss %.5f (weighted squared error per entry), %.1f s", e.epoch, config.epochs,
-                 e.loss, e.seconds)
-        records.append({"method": "glove", **asdict(e)})
-
     with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
-        vocab = corpus.build_vocabulary(config.min_count)
-        log.info("vocabulary: %s words with count >= %d", f"{len(vocab):,}", config.min_count)
-        result = train_glove(corpus, vocab, config, progress=True, on_epoch=on_epoch)
-    _write_outputs(args, result, records)
+        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
     print(f"glove: {len(vocab):,} words x {config.dim} dimensions from {result.nnz:,} co-occurrences "
           f"({result.cooccurrence_seconds:.1f} s), {config.epochs} epochs in {result.seconds:.1f} s; final loss "
           f"{result.epochs[-1].loss:.5f}")

@@ -135,9 +135,10 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task)."""
     import torch
 
+    from lmforge.data.batches import FeatureData
     from lmforge.heads import TaskModel, build_head
     from lmforge.tasks import make_task
-    from lmforge.tasks.base import FeatureData, TaskObjective
+    from lmforge.tasks.base import TaskObjective
     from lmforge.training.distributed import init_distributed
     from lmforge.training.freeze import freeze, lr_scales
     from lmforge.training.trainer import Trainer

@@ -181,10 +181,10 @@ def train_tokenizer(run: Seq2SeqRun, train: list[Any]):
 
 def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
                           overwrite: bool = False, progress: bool = True):
+    from lmforge.data.batches import FeatureData
     from lmforge.data.seq2seq import collate_pairs, featurize_pairs
     from lmforge.metrics import rouge_scores
     from lmforge.objectives import Seq2SeqObjective
-    from lmforge.tasks.base import FeatureData
     from lmforge.tokenizers import WordPieceTokenizer
     from lmforge.training.distributed import init_distributed
     from lmforge.training.trainer import Trainer

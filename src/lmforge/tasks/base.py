@@ -11,7 +11,6 @@ ids, one or more features per example), features into padded tensors (``collate`
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.config import TaskConfig, from_dict, to_dict
+from lmforge.data.batches import FeatureData  # noqa: F401  (re-exported: lmforge.tasks.FeatureData)
 from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput
 
@@ -130,48 +130,6 @@ class Task:
         if getattr(self, "_ids_for", None) is not self.labels:
             self._ids, self._ids_for = {label: i for i, label in enumerate(self.labels)}, self.labels
         return self._ids
-
-
-class FeatureData:
-    """Training features in a seeded random order per epoch, in micro-batches; exactly resumable.
-
-    The order of epoch e is a permutation drawn from ``seed + e``; the position is (epoch, index), so a resumed
-    run continues with the same batches. Under DDP each process takes every ``world_size``-th feature of the
-    permutation (the last batch of an epoch may be smaller).
-    """
-
-    def __init__(self, features: list[Feature], collate: Callable[[list[Feature]], dict[str, Tensor]], *,
-                 seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1) -> None:
-        if not features:
-            raise LmforgeError("no training example: the training file gave no feature")
-        self.features, self.collate, self.seed, self.shuffle = features, collate, seed, shuffle
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.position = 0, 0
-
-    def _order(self) -> list[int]:
-        if not self.shuffle:
-            order = list(range(len(self.features)))
-        else:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(len(self.features), generator=generator).tolist()
-        return order[self.rank::self.world_size]
-
-    def batches(self, micro_batch_size: int) -> Iterator[dict[str, Tensor]]:
-        order = self._order()
-        while self.position < len(order):
-            chunk = order[self.position:self.position + micro_batch_size]
-            self.position += len(chunk)
-            yield self.collate([self.features[i] for i in chunk])
-        self.epoch, self.position = self.epoch + 1, 0
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        return max(1, math.ceil(len(self.features) / batch_size))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
 
 class TaskObjective:
