@@ -35,7 +35,35 @@ def _check_positions(positions: Tensor, max_len: int, what: str) -> None:
         raise LmforgeError(f"{what}: position ids span [{lo}, {hi}] but must lie in [0, max_len={max_len})")
 
 
-class SinusoidalPositional(nn.Module):
+class AbsolutePositional(nn.Module):
+    """Absolute positions added to the embeddings: subclasses give ``rows(index, dtype)`` of their (L, D) table."""
+
+    max_len: int
+
+    def rows(self, index: slice | Tensor, dtype: torch.dtype) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Add the positions' rows to ``x``.
+
+        Args:
+            x: (B, T, D) embeddings.
+            offset: first position (the KV-cache length during incremental decoding).
+            positions: optional (B, T) or (T,) integer position ids; overrides ``offset``.
+
+        Returns:
+            (B, T, D) ``x + P``.
+        """
+        T = x.shape[-2]
+        name = type(self).__name__
+        if positions is None:
+            _check_span(offset, T, self.max_len, name)
+            return x + self.rows(slice(offset, offset + T), x.dtype)  # (B, T, D)
+        _check_positions(positions, self.max_len, name)
+        return x + self.rows(positions, x.dtype)  # (B, T, D)
+
+
+class SinusoidalPositional(AbsolutePositional):
     """Fixed sinusoidal positions, Vaswani et al. 2017, "Attention Is All You Need", section 3.5.
 
     PE(pos, 2i) = sin(pos / base^(2i / D)),  PE(pos, 2i + 1) = cos(pos / base^(2i / D)).
@@ -66,29 +94,14 @@ class SinusoidalPositional(nn.Module):
         pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
         self.register_buffer("pe", pe.float(), persistent=False)  # (L, D)
 
-    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        """Add the table to ``x``.
-
-        Args:
-            x: (B, T, D) embeddings.
-            offset: first position (the KV-cache length during incremental decoding).
-            positions: optional (B, T) or (T,) integer position ids; overrides ``offset``.
-
-        Returns:
-            (B, T, D) ``x + PE``.
-        """
-        T = x.shape[-2]
-        if positions is None:
-            _check_span(offset, T, self.max_len, "SinusoidalPositional")
-            return x + self.pe[offset : offset + T].to(x.dtype)  # (B, T, D)
-        _check_positions(positions, self.max_len, "SinusoidalPositional")
-        return x + self.pe[positions].to(x.dtype)  # (B, T, D)
+    def rows(self, index: slice | Tensor, dtype: torch.dtype) -> Tensor:
+        return self.pe[index].to(dtype)  # the fixed table, in the embeddings' dtype
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}"
 
 
-class LearnedPositional(nn.Module):
+class LearnedPositional(AbsolutePositional):
     """Learned absolute positions (Devlin et al. 2019 BERT; Radford et al. 2019 GPT-2): one trained row per position.
 
     The single parameter is called ``weight`` (shape (L, D)), so the state-dict key is ``<name>.weight`` exactly
@@ -109,23 +122,8 @@ class LearnedPositional(nn.Module):
         self.weight = nn.Parameter(torch.empty(max_len, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
-    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        """Add the learned rows to ``x``.
-
-        Args:
-            x: (B, T, D) embeddings.
-            offset: first position (the KV-cache length during incremental decoding).
-            positions: optional (B, T) or (T,) integer position ids; overrides ``offset``.
-
-        Returns:
-            (B, T, D) ``x + P``.
-        """
-        T = x.shape[-2]
-        if positions is None:
-            _check_span(offset, T, self.max_len, "LearnedPositional")
-            return x + self.weight[offset : offset + T]  # (B, T, D)
-        _check_positions(positions, self.max_len, "LearnedPositional")
-        return x + self.weight[positions]  # (B, T, D)
+    def rows(self, index: slice | Tensor, dtype: torch.dtype) -> Tensor:
+        return self.weight[index]  # a parameter: autocast handles its dtype
 
     def extra_repr(self) -> str:
         return f"max_len={self.max_len}, d_model={self.d_model}"
