@@ -399,7 +399,8 @@ class DataConfig:
     nsp_prob: float = 0.5
     masking: str = "token"
     mask_prob: float = 0.15
-    max_predictions: int = 20
+    max_predictions: int | None = None  # None: round(mask_prob * seq_len), the budget following the length
+    nsp_balance: str = "exact"  # exact: 50/50 by construction; bert: google-research/bert's draw (about 56/44)
     mask_token_ratio: float = 0.8
     random_token_ratio: float = 0.1
     span_p: float = 0.2
@@ -425,7 +426,10 @@ class DataConfig:
                             f"{self.mask_token_ratio + self.random_token_ratio} exceeds 1")
         if not 0.0 < self.span_p <= 1.0:
             problems.append(f"span_p={self.span_p} must be in (0, 1]")
-        if self.max_span_len < 1 or self.max_predictions < 1 or self.dupe_factor < 1:
+        if self.nsp_balance not in ("exact", "bert"):
+            problems.append(f"nsp_balance={self.nsp_balance!r} is not one of exact, bert")
+        if self.max_span_len < 1 or (self.max_predictions is not None and self.max_predictions < 1) or \
+                self.dupe_factor < 1:
             problems.append("max_span_len, max_predictions and dupe_factor must be >= 1")
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
@@ -473,11 +477,14 @@ class TaskConfig:
     dropout: float | None = None
     metric: str | None = None
     init_embeddings: str = ""
+    span_features: str = "width"  # span task: "lecture" = [s_i; e_j; g_ij], "width" adds a width embedding
+    span_decoding: str = "flat"  # span task: "flat" (non-overlapping) or "nested" (nesting spans, never crossing)
 
     def __post_init__(self) -> None:
         problems = []
         for name, choices in (("task", TASKS), ("long_text", LONG_TEXT), ("word_pooling", WORD_POOLINGS),
-                              ("span_pooling", SPAN_POOLINGS), ("scheme", SCHEMES), ("subwords", ("first", "all"))):
+                              ("span_pooling", SPAN_POOLINGS), ("scheme", SCHEMES), ("subwords", ("first", "all")),
+                              ("span_features", ("lecture", "width")), ("span_decoding", ("flat", "nested"))):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         if self.max_length < 8:

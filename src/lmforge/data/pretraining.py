@@ -191,6 +191,9 @@ class PretrainingData:
         self.corpus, self.config, self.tokenizer = corpus, data_config, tokenizer
         self.split, self.seed, self.rank, self.world_size = split, int(seed), rank, world_size
         self.plan, self.masking = plan, (None if plan == "causal" else masking)
+        # the prediction budget follows the length unless the run caps it (BERT: 20 at 128 tokens, 76-80 at 512)
+        self.max_predictions = (data_config.max_predictions if data_config.max_predictions is not None
+                                else max(1, round(data_config.mask_prob * data_config.seq_len)))
         if self.masking is None and plan != "causal":
             raise LmforgeError(f"plan {plan!r} makes masked-LM examples: give a masking strategy")
         nsp = plan == "nsp"
@@ -298,7 +301,7 @@ class PretrainingData:
         word_starts = None if self.masking == "token" else ~self._continuation[ids]
         m = mask_tokens(ids, special_mask=self._is_special[ids], vocab_size=len(self._is_special),
                         non_special_ids=self._non_special, mask_id=self.tokenizer.mask_id, rng=rng,
-                        mask_prob=cfg.mask_prob, max_predictions=cfg.max_predictions,
+                        mask_prob=cfg.mask_prob, max_predictions=self.max_predictions,
                         mask_token_ratio=cfg.mask_token_ratio, random_token_ratio=cfg.random_token_ratio,
                         strategy=self.masking, word_starts=word_starts, span_p=cfg.span_p,
                         max_span_len=cfg.max_span_len)

@@ -21,7 +21,7 @@ log = logging.getLogger("lmforge")
 
 class SpanTask(Task):
     head_type = "span_classification"
-    options = ("max_span_width", "span_pooling")
+    options = ("max_span_width", "span_pooling", "span_features", "span_decoding")
     loss_name = "span"
     default_metric = "f1"
 
