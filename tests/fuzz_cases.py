@@ -544,7 +544,8 @@ PROMPTS = {
     "prompts-unknown-words-only": _write("\u2603\u2603 \U0001f600\n"),
 }
 VECTORS = {
-    "vectors-no-header": _write("alice 0.1 0.2\nbob 0.3 0.4\n"),
+    "vectors-glove-no-header": _write("alice 0.1 0.2\nbob 0.3 0.4\n"),  # GloVe's own format: readable
+    "vectors-no-header-ragged": _write("alice 0.1 0.2\nbob 0.3\n"),
     "vectors-count-too-big": _write("5 2\nalice 0.1 0.2\n"),
     "vectors-huge-header": _write("1000000000000 300\nalice 0.1 0.2\n"),
     "vectors-negative-header": _write("-1 2\nalice 0.1 0.2\n"),
@@ -578,7 +579,8 @@ FAMILY = {"config": "config", "hf": "config", "weights": "weights", "vocab": "vo
           "head": "head"}
 # variants that are not necessarily errors: they may exit 0, but must not crash or change files
 MAY_SUCCEED_VARIANTS = {"csv-nul-bytes", "csv-non-utf8", "csv-duplicate-header", "jsonl-empty-target",
-                        "metrics-non-finite", "metrics-no-step", "vectors-non-utf8-words", "pairs-non-utf8",
+                        "metrics-non-finite", "metrics-no-step", "vectors-non-utf8-words", "vectors-glove-no-header",
+                        "pairs-non-utf8",
                         "analogies-non-utf8", "prompts-unknown-words-only", "vocab-non-utf8", "vocab-duplicates",
                         "tokenizer-config-bad-values", "conll-one-tag", "hf-config-non-utf8",
                         "manifest-shard-counts-lie", "manifest-huge-vocab-size", "manifest-bad-dtype",

@@ -79,8 +79,7 @@ def pretrain(tokenizer_dir: Path, files: list[Path], out: Path, steps: int, seq_
           f"{counts['tokens']:,} tokens in {time.perf_counter() - start:.1f} s -> {data_dir}")
     run = PretrainRun(
         preset="bert-mini", out=str(out / "bert-mini"), model={"max_seq_len": seq_len},
-        data=DataConfig(path=str(data_dir), objective="mlm+nsp", seq_len=seq_len,
-                        max_predictions=max(1, round(0.15 * seq_len))),
+        data=DataConfig(path=str(data_dir), objective="mlm+nsp", seq_len=seq_len),
         train=TrainConfig(max_steps=steps, batch_size=32, lr=1e-3, warmup_ratio=0.1, eval_every=max(steps // 4, 1),
                           eval_batches=8, log_every=10, save_every=0))
     trainer = build_trainer(run, overwrite=True)

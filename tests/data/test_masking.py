@@ -166,8 +166,11 @@ def test_span_replacement_is_decided_per_span_and_boundaries_are_right():
             span = np.arange(start, end)
             assert not covered[start - 1:end + 1].any()  # spans neither overlap nor touch
             covered[span] = True
-            assert (m.sbo_left[span] == start - 1).all() and (m.sbo_right[span] == end).all()
-            assert m.sbo_offset[span].tolist() == list(range(end - start))
+            sbo, rest = span[:10], span[10:]  # the SBO predicts a span's first max_span_len pieces (SpanBERT's code)
+            assert (m.sbo_left[sbo] == start - 1).all() and (m.sbo_right[sbo] == end).all()
+            assert m.sbo_offset[sbo].tolist() == list(range(len(sbo)))
+            assert (m.sbo_left[rest] == -1).all() and (m.sbo_right[rest] == -1).all()
+            assert (m.sbo_offset[rest] == 0).all()
             assert m.labels[start - 1] == IGNORE_INDEX and m.labels[end] == IGNORE_INDEX  # observed boundaries
             new, old = m.input_ids[span], ids[span]
             if (new == MASK).all():

@@ -82,7 +82,7 @@ def test_c_tool_text_rows_with_trailing_space(tmp_path):
     ("2 2\na 1 2\nb 3 4 5\n", r"line 3: 3 values after the word, but the header says 2 dimensions"),
     ("2 2\na 1 2\nb 3\n", r"line 3: 1 values after the word"),
     ("2 2\na 1 2\nb 3 x\n", r"line 3: a value is not a number"),
-    ("two 2\na 1 2\n", r"line 1: expected the header 'N D'"),
+    ("two 2\na 1 2\n", r"line 2: 2 values after the word, but line 1 has 1"),  # no header: read as GloVe
     ("", r"line 1: expected the header"),
 ])
 def test_text_header_disagreeing_with_rows(tmp_path, content, message):

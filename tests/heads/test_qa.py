@@ -163,7 +163,8 @@ def toy_examples(n: int, seed: int) -> list[Example]:
     return examples
 
 
-def test_tiny_encoder_learns_to_extract_the_marked_word() -> None:
+def _learn_marked_word(model_seed: int, max_steps: int = 400) -> list[float]:
+    """Train a tiny encoder + QA head on the toy task; the exact-match scores every 10 steps (stops at 1.0)."""
     tok = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "zz", "which", "?", "."])
     examples = toy_examples(24, seed=0)
     # 7 context tokens per window, starts 3 apart: most contexts span 2-3 windows, so the labels (0, 0) for
@@ -173,7 +174,7 @@ def test_tiny_encoder_learns_to_extract_the_marked_word() -> None:
     batch = collate_qa(features, tok.pad_id)
     cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=D, n_heads=2, n_layers=2, d_ff=37, max_seq_len=16,
                       dropout=0.0, attention_dropout=0.0)
-    torch.manual_seed(0)
+    torch.manual_seed(model_seed)
     model = TaskModel(Encoder(cfg), QuestionAnsweringHead(D))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     gold = {e.id: e.answers[0][0] if e.answers else "" for e in examples}
@@ -187,7 +188,7 @@ def test_tiny_encoder_learns_to_extract_the_marked_word() -> None:
         return float(np.mean([predictions[k]["text"] == v for k, v in gold.items()]))
 
     scores = [exact_match()]
-    for step in range(1, 301):  # seed 0 gets there in about 70 steps; other seeds took 60-150
+    for step in range(1, max_steps + 1):
         optimizer.zero_grad()
         result = model(**batch)
         (result.loss_sum / result.loss_count).backward()
@@ -196,4 +197,19 @@ def test_tiny_encoder_learns_to_extract_the_marked_word() -> None:
             scores.append(exact_match())
             if scores[-1] == 1.0:
                 break
-    assert scores[0] < 0.5 and scores[-1] == 1.0, scores
+    return scores
+
+
+def test_tiny_encoder_learns_to_extract_the_marked_word() -> None:
+    """Learning, not one numerical trajectory: the exact path of Adam on 2 layers depends on the CPU's kernels
+    (ATEN_CPU_CAPABILITY), so one seed that converges quickly on one CPU may stall on another. Three model seeds,
+    up to 400 steps each, stopping at the first perfect score (seeds 0-5 took 70-140 steps with avx2, 100-300 with
+    the default kernels, where one of the six did not get there in 400): at least two must reach exact match 1.0
+    from an untrained start below 0.5. A broken head, loss, mask or decoder fails all three."""
+    runs = {}
+    for seed in (0, 1, 2):
+        runs[seed] = _learn_marked_word(seed)
+        if sum(r[-1] == 1.0 for r in runs.values()) >= 2:
+            break
+    assert all(r[0] < 0.5 for r in runs.values()), runs
+    assert sum(r[-1] == 1.0 for r in runs.values()) >= 2, runs

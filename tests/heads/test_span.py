@@ -1,4 +1,5 @@
-"""Span classification head: enumeration, pooling, greedy decoding, padding invariance, training."""
+"""Span classification head: enumeration, pooling, greedy flat and nested decoding, span features, padding
+invariance, training."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from lmforge.heads.span import (
     count_spans,
     enumerate_spans,
     mean_pool,
+    select_spans,
 )
 from lmforge.models.encoder import Encoder
 from lmforge.tokenizers import WordPieceTokenizer
@@ -107,6 +109,107 @@ def test_greedy_decoding_random_outputs_are_flat() -> None:
             assert row == sorted(row)
 
 
+def test_nested_decoding_keeps_spans_that_nest() -> None:
+    # "[[New York] University]": ORG (0..2) holds LOC (0..1); a PER elsewhere; (2,3) crosses the ORG.
+    head = SpanClassificationHead(D, LABELS + ["ORG"], max_span_width=3, decoding="nested")
+    probabilities = {(0, 2): (3, 0.9), (0, 1): (2, 0.8), (1, 1): (2, 0.6), (4, 4): (1, 0.7), (2, 3): (2, 0.5)}
+    spans = enumerate_spans(6, 3)
+    probs = torch.full((1, len(spans), 4), 0.01)
+    probs[0, :, 0] = 0.97
+    for (i, j), (c, p) in probabilities.items():
+        k = spans.index((i, j))
+        probs[0, k] = (1 - p) / 3
+        probs[0, k, c] = p
+    out = SpanClassificationOutput(probs.log(), torch.ones(1, len(spans), dtype=torch.bool),
+                                   torch.tensor(spans).unsqueeze(0))
+    # nested: ORG, the LOC inside it and the LOC inside that; the crossing (2,3) loses to the higher ORG
+    assert head.decode(out) == [[(0, 2, "LOC"), (0, 3, "ORG"), (1, 2, "LOC"), (4, 5, "PER")]]
+    # flat (the same output): only the best of the overlapping group
+    assert head.decode(out, "flat") == [[(0, 3, "ORG"), (4, 5, "PER")]]
+
+
+def test_nested_decoding_resolves_a_crossing_pair_by_score() -> None:
+    head = SpanClassificationHead(D, LABELS, max_span_width=3, decoding="nested")
+    # (0,1) and (1,2) cross: the higher score stays, whichever it is; (1,1) nests in both and stays
+    out = output_from({(0, 1): (1, 0.6), (1, 2): (2, 0.9), (1, 1): (1, 0.5)}, n_words=4)
+    assert head.decode(out) == [[(1, 2, "PER"), (1, 3, "LOC")]]
+    out = output_from({(0, 1): (1, 0.95), (1, 2): (2, 0.9), (1, 1): (1, 0.5)}, n_words=4)
+    assert head.decode(out) == [[(0, 2, "PER"), (1, 2, "PER")]]
+    # a crossing span loses to the kept one even when it would nest with a third
+    assert select_spans([(0, 2), (2, 4), (3, 4)], [0.9, 0.8, 0.7], "nested") == [0, 2]
+    assert select_spans([(0, 2), (2, 4), (3, 4)], [0.9, 0.8, 0.7], "flat") == [0, 2]
+    with pytest.raises(LmforgeError, match="unknown span decoding"):
+        select_spans([(0, 0)], [1.0], "overlapping")
+
+
+def test_flat_decoding_is_unchanged_and_the_default() -> None:
+    out = output_from({(0, 1): (1, 0.6), (1, 2): (2, 0.9), (3, 3): (1, 0.5), (3, 5): (2, 0.7), (5, 5): (1, 0.4),
+                       (6, 6): (2, 0.8)}, n_words=7)
+    flat = [[(1, 3, "LOC"), (3, 6, "LOC"), (6, 7, "LOC")]]
+    assert SpanClassificationHead(D, LABELS, max_span_width=3).decode(out) == flat
+    assert SpanClassificationHead(D, LABELS, max_span_width=3, decoding="nested").decode(out, "flat") == flat
+    # nested keeps (3,3) and (5,5) inside (3,5); (0,1) crosses (1,2) and stays out
+    assert SpanClassificationHead(D, LABELS, max_span_width=3).decode(out, "nested") == [
+        [(1, 3, "LOC"), (3, 4, "PER"), (3, 6, "LOC"), (5, 6, "PER"), (6, 7, "LOC")]]
+
+
+def test_nested_decoding_random_outputs_never_cross_and_drop_only_crossing_spans() -> None:
+    head = SpanClassificationHead(D, LABELS, max_span_width=4, decoding="nested")
+    g = torch.Generator().manual_seed(2)
+    spans = enumerate_spans(9, 4)
+    for _ in range(20):
+        logits = torch.randn(2, len(spans), 3, generator=g) * 3
+        mask = torch.arange(len(spans)) < torch.tensor([[len(spans)], [count_spans(5, 4)]])
+        out = SpanClassificationOutput(logits, mask, torch.tensor(spans).expand(2, -1, -1))
+        probs, best = logits.softmax(-1).max(-1)
+        for b, (row, n) in enumerate(zip(head.decode(out), [9, 5], strict=True)):
+            assert row == sorted(row) and all(end <= n for _, end, _ in row)
+            kept = [(s, e - 1) for s, e, _ in row]
+            for a in kept:
+                for c in kept:
+                    assert not (a[0] < c[0] <= a[1] < c[1])  # no crossing pair
+            for k in (mask[b] & (best[b] != 0)).nonzero().squeeze(1).tolist():
+                if spans[k] not in kept:  # a dropped candidate crosses a kept span scored at least as high
+                    assert any((a[0] < spans[k][0] <= a[1] < spans[k][1] or spans[k][0] < a[0] <= spans[k][1] < a[1])
+                               and float(probs[b, spans.index(a)]) >= float(probs[b, k]) for a in kept)
+
+
+@pytest.mark.parametrize("features", ["width", "lecture"])
+def test_span_features_choose_the_representation(features: str) -> None:
+    torch.manual_seed(0)
+    head = SpanClassificationHead(D, LABELS, max_span_width=3, d_endpoint=5, d_width=4, features=features,
+                                  dropout=0.0)
+    keys = set(head.state_dict())
+    assert ("width.weight" in keys) == (features == "width")
+    assert keys - {"width.weight"} == {"start_proj.weight", "start_proj.bias", "end_proj.weight", "end_proj.bias",
+                                       "hidden.weight", "hidden.bias", "output.weight", "output.bias"}
+    # [s_i; e_j; g_ij] (+ phi(j - i)): 2E + D (+ d_width) inputs to the classifier
+    assert head.hidden.in_features == 2 * 5 + D + (4 if features == "width" else 0)
+    hidden, starts = torch.randn(1, 6, D), torch.tensor([[1, 2, 3, 4]])
+    out = head(Out(hidden), starts, starts > 0, torch.zeros(1, count_spans(4, 3), dtype=torch.long))
+    out.loss_sum.backward()
+    assert all(p.grad is not None for p in head.parameters())
+    with pytest.raises(LmforgeError, match="unknown span features"):
+        SpanClassificationHead(D, LABELS, features="lee")
+
+
+def test_a_head_spec_without_features_builds_the_width_head() -> None:
+    from lmforge.heads import build_head
+
+    config = ModelConfig(vocab_size=len(VOCAB), d_model=D, n_heads=2, n_layers=1, d_ff=24, max_seq_len=16)
+    old = build_head({"type": "span_classification", "labels": LABELS, "max_span_width": 3}, config, None)
+    assert old.features == "width" and old.decoding == "flat"
+    torch.manual_seed(0)
+    width = build_head({"type": "span_classification", "labels": LABELS, "max_span_width": 3, "features": "width",
+                        "decoding": "nested"}, config, None)
+    torch.manual_seed(0)
+    lecture = build_head({"type": "span_classification", "labels": LABELS, "max_span_width": 3,
+                          "features": "lecture"}, config, None)
+    assert set(width.state_dict()) == set(old.state_dict())
+    assert set(lecture.state_dict()) == set(old.state_dict()) - {"width.weight"}
+    assert width.decoding == "nested" and lecture.features == "lecture"
+
+
 @pytest.mark.parametrize("pooling", ["mean", "attention"])
 def test_forward_shapes_loss_and_padding_invariance(pooling: str) -> None:
     torch.manual_seed(0)
@@ -158,13 +261,13 @@ TRAIN = [
 ]
 
 
-@pytest.mark.parametrize("pooling", ["mean", "attention"])
-def test_tiny_model_learns_a_toy_span_task(pooling: str) -> None:
+@pytest.mark.parametrize(("pooling", "features"), [("mean", "width"), ("attention", "width"), ("mean", "lecture")])
+def test_tiny_model_learns_a_toy_span_task(pooling: str, features: str) -> None:
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=len(VOCAB), d_model=12, n_heads=2, n_layers=2, d_ff=37, max_seq_len=32,
                          dropout=0.0, attention_dropout=0.0)
     model = TaskModel(Encoder(config), build_span_head(config, None, labels=LABELS, max_span_width=3,
-                                                       pooling=pooling))
+                                                       pooling=pooling, features=features))
     features, _, too_wide = featurize_spans(TRAIN, WordPieceTokenizer(VOCAB), {"PER": 0, "LOC": 1}, 32, 3)
     assert too_wide == 0
     batch = collate_spans(features, 0)

@@ -7,13 +7,15 @@ import json
 import logging
 import math
 import os
+from typing import Any
 
 from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
 from lmforge.embeddings.glove import GloVeConfig
-from lmforge.embeddings.io import load_word2vec
+from lmforge.embeddings.io import FILE_FORMATS, load_word2vec, save_word2vec
 from lmforge.embeddings.vocab import encode_corpus
 from lmforge.embeddings.word2vec import Word2VecConfig
+from lmforge.errors import LmforgeError
 from lmforge.recipes.vectors import metrics_path, train_vectors
 from lmforge.utils.io import prepare_output_file
 
@@ -32,6 +34,9 @@ def _add_common(p: argparse.ArgumentParser, window: int, epochs: int, batch: int
                    help="text files, or folders searched for .txt files (UTF-8; each line is a sentence)")
     p.add_argument("--out", required=True, metavar="FILE.txt", help="the vectors, in the word2vec format")
     p.add_argument("--binary", action="store_true", help="write the word2vec binary format instead of text")
+    p.add_argument("--format", choices=FILE_FORMATS, default="word2vec",
+                   help="word2vec: the 'N D' header line, then 'word v1 ... vD' rows (default); glove: the same rows "
+                        "without the header, as the Stanford GloVe tool writes (text only). Readers detect both")
     p.add_argument("--dim", type=Count(1, 10_000), default=100, metavar="D", help="vector size (default 100)")
     p.add_argument("--window", type=Count(1, 10_000), default=window, metavar="W",
                    help=f"maximal distance (default {window})")
@@ -50,6 +55,13 @@ def _add_common(p: argparse.ArgumentParser, window: int, epochs: int, batch: int
 def _number(x: float) -> float | None:
     """JSON has no NaN: an undefined score (no pair or question could be scored) is written as null."""
     return None if math.isnan(x) else x
+
+
+def _rewrite_format(args: argparse.Namespace, result: Any) -> None:
+    """``train_vectors`` writes the word2vec format; --format glove rewrites the file (atomically) without the
+    header."""
+    if args.format != "word2vec":
+        save_word2vec(result.vectors, args.out, binary=args.binary, format=args.format)
 
 
 # ---------------------------------------------------------------------------------------------- word2vec
@@ -73,6 +85,9 @@ def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Fail before the long work: the vectors file and its metrics file may be written (see the output policy)."""
+    if args.binary and args.format == "glove":
+        raise LmforgeError("--binary writes the word2vec binary format; the GloVe format (--format glove) is text "
+                           "only: drop one of the two")
     for path in (args.out, metrics_path(args.out)):
         prepare_output_file(path, overwrite=args.overwrite, inputs=args.input)
 
@@ -86,6 +101,7 @@ def run_word2vec_train(args: argparse.Namespace) -> int:
                             device=args.device)
     with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
         result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
+    _rewrite_format(args, result)
     print(f"word2vec {config.architecture}: {len(vocab):,} words x {config.dim} dimensions, {config.epochs} epochs "
           f"in {result.seconds:.1f} s ({result.words_per_second:,.0f} words/s); final loss "
           f"{result.epochs[-1].loss:.4f}")
@@ -110,6 +126,7 @@ def run_glove_train(args: argparse.Namespace) -> int:
                          seed=args.seed, max_entries=args.max_entries, device=args.device)
     with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
         result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
+    _rewrite_format(args, result)
     print(f"glove: {len(vocab):,} words x {config.dim} dimensions from {result.nnz:,} co-occurrences "
           f"({result.cooccurrence_seconds:.1f} s), {config.epochs} epochs in {result.seconds:.1f} s; final loss "
           f"{result.epochs[-1].loss:.5f}")
@@ -119,7 +136,8 @@ def run_glove_train(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- evaluate
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("vectors", metavar="VECTORS", help="a word2vec text or binary file (format detected)")
+    p.add_argument("vectors", metavar="VECTORS", help="a word2vec text or binary file, or a headerless GloVe text file "
+                   "(format detected)")
     task = p.add_mutually_exclusive_group(required=True)
     task.add_argument("--pairs", metavar="FILE", help="word pairs with human scores: 'word1 word2 score' lines "
                       "(WordSim-353, SimLex-999); prints Spearman's rho")

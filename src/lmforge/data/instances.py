@@ -13,10 +13,21 @@ cheap (no token is read) and a spec is turned into ids only when its batch is bu
   - sentences are accumulated into a chunk until the target is reached or the document ends;
   - segment A is the chunk's first ``a_end`` sentences, ``a_end`` uniform in ``[1, len(chunk) - 1]``
     (1 for a one-sentence chunk);
-  - with probability ``nsp_prob``, or always when the chunk has one sentence, segment B is "random next":
+  - with probability ``nsp_prob``, or (``balance="bert"``) always when the chunk has one sentence, segment B is
+    "random next":
     sentences of a random *other* document, from a random start sentence, until B reaches the remaining
     target; the chunk's unused sentences are put back and start the next chunk. Otherwise B is the rest of
     the chunk (the real continuation);
+  - ``balance``: ``"bert"`` is google-research/bert's draw above: a one-sentence chunk always gets a random B,
+    which gives about 56% random pairs on typical text. ``"exact"`` (the default of ``DataConfig.nsp_balance``)
+    draws the label first, random with probability ``nsp_prob`` whatever the chunk, so every pair's label is an
+    independent Bernoulli(nsp_prob) draw and the share of random pairs is ``nsp_prob`` in expectation (Wald: the
+    number of pairs may depend on earlier labels, never the label on the chunk). When "next" is drawn for a
+    one-sentence chunk, B is still real text that follows A in the same document: the following sentence is
+    borrowed (the next chunk starts after it); for the document's last sentence, the sentence is cut at a
+    uniformly random token into A and B; a one-token last sentence takes the sentence before it as A. A document
+    of a single one-token sentence has no continuation at all and makes no pair in exact mode (decided before
+    any label is drawn, so it does not bias the labels);
   - the pair is truncated to ``max_num_tokens`` by removing tokens from the longer segment (B on a tie) one
     at a time, each from the front or the back with probability 1/2. The coin flips of one segment are drawn
     as one binomial count, which has the same distribution as BERT's token-by-token loop;
@@ -126,7 +137,7 @@ def _truncate_pair(la: int, lb: int, max_tokens: int, rng: np.random.Generator) 
 
 def plan_nsp_document(doc: int, offsets: np.ndarray, rng: np.random.Generator, *, seq_len: int,
                       short_seq_prob: float, nsp_prob: float, pool: np.ndarray,
-                      offsets_of: Callable[[int], np.ndarray]) -> list[NspSpec]:
+                      offsets_of: Callable[[int], np.ndarray], balance: str = "exact") -> list[NspSpec]:
     """Plan BERT's segment pairs for one document from its sentence offsets (see the module docstring).
 
     Args:
@@ -137,7 +148,12 @@ def plan_nsp_document(doc: int, offsets: np.ndarray, rng: np.random.Generator, *
         short_seq_prob, nsp_prob: BERT's probabilities (0.1, 0.5).
         pool: documents random next segments are drawn from (at least two distinct ones, ``doc`` may be one).
         offsets_of: sentence offsets of another document.
+        balance: ``"bert"`` (google-research/bert: a one-sentence chunk always gets a random B, about 56/44 on
+            typical text) or ``"exact"`` (the label is drawn first with ``nsp_prob``, see the module docstring).
     """
+    if balance not in ("exact", "bert"):
+        raise LmforgeError(f"balance={balance!r} is not one of exact, bert")
+    exact = balance == "exact"
     max_tokens = seq_len - 3
     target = max_tokens
     if rng.random() < short_seq_prob:
@@ -145,14 +161,32 @@ def plan_nsp_document(doc: int, offsets: np.ndarray, rng: np.random.Generator, *
     offs = offsets.tolist()  # Python ints: this loop runs once per sentence of the corpus every epoch
     n = len(offs) - 1
     specs: list[NspSpec] = []
+    if exact and n == 1 and offs[1] - offs[0] < 2:
+        return specs  # one one-token sentence: no real "next" exists, so it makes no pair (of either label)
     chunk_start = 0
     i = 0
     while i < n:
         if i == n - 1 or offs[i + 1] - offs[chunk_start] >= target:
             k = i - chunk_start + 1  # sentences in the chunk
+            is_random = rng.random() < nsp_prob if exact else None  # exact: the label first, whatever the chunk
+            if exact and not is_random and k == 1:
+                # "next" for a one-sentence chunk: a real continuation from the document itself
+                if i + 1 < n:  # borrow the following sentence as B (it would have started the next chunk)
+                    a0, a1, b0, b1 = offs[i], offs[i + 1], offs[i + 1], offs[i + 2]
+                    i += 1
+                elif offs[i + 1] - offs[i] >= 2:  # the document's last sentence: cut it at a random token
+                    cut = offs[i] + int(rng.integers(1, offs[i + 1] - offs[i]))
+                    a0, a1, b0, b1 = offs[i], cut, cut, offs[i + 1]
+                else:  # a one-token last sentence: A is the sentence before it (read twice)
+                    a0, a1, b0, b1 = offs[i - 1], offs[i], offs[i], offs[i + 1]
+                fa, ba, fb, bb = _truncate_pair(a1 - a0, b1 - b0, max_tokens, rng)
+                specs.append(NspSpec(doc, a0 + fa, a1 - ba, doc, b0 + fb, b1 - bb, 0))
+                chunk_start = i + 1
+                i += 1
+                continue
             a_end = int(rng.integers(1, k)) if k >= 2 else 1
             a0, a1 = offs[chunk_start], offs[chunk_start + a_end]
-            if k == 1 or rng.random() < nsp_prob:
+            if is_random if exact else (k == 1 or rng.random() < nsp_prob):
                 label = 1
                 other = doc
                 while other == doc:
@@ -194,7 +228,7 @@ def materialize_nsp(spec: NspSpec, tokens_of: Callable[[int], np.ndarray], cls_i
 
 def make_nsp_instances(corpus, doc_index: int, rng: np.random.Generator, *, seq_len: int,
                        short_seq_prob: float = 0.1, nsp_prob: float = 0.5, cls_id: int, sep_id: int,
-                       documents: Sequence[int] | None = None) -> list[Instance]:
+                       documents: Sequence[int] | None = None, balance: str = "exact") -> list[Instance]:
     """BERT's segment pairs with NSP labels from one document (see the module docstring).
 
     Args:
@@ -207,6 +241,7 @@ def make_nsp_instances(corpus, doc_index: int, rng: np.random.Generator, *, seq_
         nsp_prob: probability that B is a random segment from another document.
         cls_id, sep_id: the special ids.
         documents: the documents random B segments come from (default: all; pass the training split).
+        balance: ``"exact"`` (50/50 by construction with nsp_prob 0.5) or ``"bert"`` (see the module docstring).
 
     Returns:
         The instances, in document order.
@@ -221,7 +256,7 @@ def make_nsp_instances(corpus, doc_index: int, rng: np.random.Generator, *, seq_
         raise nsp_error(distinct)
     specs = plan_nsp_document(doc_index, corpus.sentence_offsets(doc_index), rng, seq_len=seq_len,
                               short_seq_prob=short_seq_prob, nsp_prob=nsp_prob, pool=pool,
-                              offsets_of=corpus.sentence_offsets)
+                              offsets_of=corpus.sentence_offsets, balance=balance)
     return [materialize_nsp(s, corpus.document_tokens, cls_id, sep_id) for s in specs]
 
 

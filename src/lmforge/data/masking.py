@@ -26,6 +26,16 @@ vocabulary, which can put a [CLS], [SEP] or [PAD] inside the text.
 
 Span details, where the paper is silent (decisions follow SpanBERT's released code unless noted):
 
+* The span-boundary objective predicts at most the first ``sbo_positions`` tokens (word pieces) of a span
+  (default ``max_span_len``: the rows of ``SpanBoundaryHead``'s relative-position table, indexed by the token's
+  offset inside its span). Spans are drawn in words, so a span of up to ``max_span_len`` words can hold more
+  pieces than that; its later tokens are still predicted by the MLM but get no SBO target (``sbo_left`` =
+  ``sbo_right`` = -1 there). This is what SpanBERT's released code does: its pair targets (the SBO's tokens)
+  are truncated to ``max_pair_targets`` pieces (``pad_to_len``) while the spans are measured in words. Why not
+  a table sized by the longest span in pieces: it would change the saved head's shape (existing span-head
+  checkpoints and their optimizer state would no longer load), and its rows past the usual span lengths would
+  hardly be trained; why not capping spans in pieces: that would shorten the spans in words and break the
+  paper's Geo(0.2) length law (by 0.07 in total variation on text with 1.4 pieces per word).
 * The last span is trimmed to the budget, so exactly ``budget`` tokens are predicted (the released code stops
   adding tokens at the budget); the number of predictions never exceeds ``max_predictions``.
 * Spans never overlap and never touch (the words just before and after a span stay unmasked), so each span's
@@ -63,8 +73,9 @@ class MaskedExample:
         input_ids: the corrupted input.
         labels: the original id at predicted positions, ``-100`` elsewhere.
         sbo_left, sbo_right: span masking only; index of the token just before / just after the span that holds
-            each predicted token, ``-1`` where no prediction.
-        sbo_offset: span masking only; the token's 0-based position inside its span, ``0`` where no prediction.
+            each predicted token, ``-1`` where no prediction and where the token has no SBO target (offset
+            ``>= sbo_positions``).
+        sbo_offset: span masking only; the token's 0-based position inside its span, ``0`` where no SBO target.
         spans: span masking only; (n_spans, 2) token ranges ``[start, end)`` of the spans, in drawing order.
     """
 
@@ -105,7 +116,7 @@ def mask_tokens(ids: np.ndarray, *, special_mask: np.ndarray, vocab_size: int, n
                 mask_id: int, rng: np.random.Generator, mask_prob: float = 0.15, max_predictions: int = 20,
                 mask_token_ratio: float = 0.8, random_token_ratio: float = 0.1, strategy: str = "token",
                 word_starts: np.ndarray | None = None, span_p: float = 0.2,
-                max_span_len: int = 10) -> MaskedExample:
+                max_span_len: int = 10, sbo_positions: int | None = None) -> MaskedExample:
     """Choose tokens to predict and corrupt them (see the module docstring for each strategy).
 
     Args:
@@ -124,6 +135,8 @@ def mask_tokens(ids: np.ndarray, *, special_mask: np.ndarray, vocab_size: int, n
             ``whole_word`` and ``span`` (``None``: every token is a word).
         span_p: p of the geometric span length (SpanBERT 0.2).
         max_span_len: longest span in words (SpanBERT 10).
+        sbo_positions: span masking only; tokens at offsets ``>= sbo_positions`` inside their span get no SBO
+            target (``None``: ``max_span_len``, the rows of ``SpanBoundaryHead``'s position table).
 
     Returns:
         A ``MaskedExample``; ``sbo_*`` and ``spans`` are set for ``strategy="span"`` only.
@@ -164,14 +177,18 @@ def mask_tokens(ids: np.ndarray, *, special_mask: np.ndarray, vocab_size: int, n
         sbo_left = np.full(ids.shape, -1, dtype=np.int64)
         sbo_right = np.full(ids.shape, -1, dtype=np.int64)
         sbo_offset = np.zeros(ids.shape, dtype=np.int64)
+        sbo_cap = max_span_len if sbo_positions is None else int(sbo_positions)
+        if sbo_cap < 1:
+            raise LmforgeError(f"sbo_positions={sbo_positions} must be >= 1")
         spans = _draw_spans(candidates, np.asarray(word_starts, dtype=bool), budget,
                             span_length_pmf(span_p, max_span_len), rng)
         for start, end in spans:
             positions = np.arange(start, end)
             replace(positions, np.full(len(positions), rng.random()))
-            sbo_left[positions] = start - 1
-            sbo_right[positions] = end
-            sbo_offset[positions] = positions - start
+            sbo = positions[:sbo_cap]  # the SBO predicts the first sbo_cap pieces of a span (SpanBERT's code)
+            sbo_left[sbo] = start - 1
+            sbo_right[sbo] = end
+            sbo_offset[sbo] = sbo - start
         return MaskedExample(out, labels, sbo_left, sbo_right, sbo_offset,
                              np.asarray(spans, dtype=np.int64).reshape(-1, 2))
 

@@ -58,6 +58,7 @@ the same for every training seed, and never used for training. Its examples and 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,21 @@ __all__ = ["EVAL_SEED", "SPLIT_SEED", "PretrainingData", "collate_causal", "coll
 SPLIT_SEED = 0
 EVAL_SEED = 20190524  # any constant: evaluation must not depend on the training seed
 _ORDER, _INSTANCES, _MASKS = 1, 2, 3
+
+log = logging.getLogger("lmforge")
+_warned_caps: set[tuple[int, int, float]] = set()  # (cap, seq_len, mask_prob) already warned about in this process
+
+
+def _warn_low_cap(cap: int, seq_len: int, mask_prob: float) -> None:
+    """Warn (once per process and setting) that ``max_predictions`` keeps the realised rate below ``mask_prob``."""
+    wanted = round(mask_prob * seq_len)
+    key = (cap, seq_len, float(mask_prob))
+    if cap >= wanted or key in _warned_caps:
+        return
+    _warned_caps.add(key)
+    log.warning("data.max_predictions=%d caps the masked-LM predictions below mask_prob=%g of seq_len=%d "
+                "(%d tokens): only %.1f%% of a full sequence is predicted; unset max_predictions to follow "
+                "the length", cap, mask_prob, seq_len, wanted, 100.0 * cap / seq_len)
 
 
 def split_documents(num_documents: int, eval_fraction: float, *, min_eval: int = 1
@@ -196,6 +212,8 @@ class PretrainingData:
                                 else max(1, round(data_config.mask_prob * data_config.seq_len)))
         if self.masking is None and plan != "causal":
             raise LmforgeError(f"plan {plan!r} makes masked-LM examples: give a masking strategy")
+        if self.masking is not None and rank == 0:
+            _warn_low_cap(self.max_predictions, data_config.seq_len, data_config.mask_prob)
         nsp = plan == "nsp"
         n_docs = corpus.num_documents
         train_docs, eval_docs = split_documents(n_docs, data_config.eval_fraction,
@@ -264,7 +282,8 @@ class PretrainingData:
             rng = np.random.default_rng([self._key_seed, epoch, _INSTANCES, doc])
             specs.extend(plan_nsp_document(doc, self.corpus.sentence_offsets(doc), rng, seq_len=cfg.seq_len,
                                            short_seq_prob=cfg.short_seq_prob, nsp_prob=cfg.nsp_prob,
-                                           pool=self.documents, offsets_of=self.corpus.sentence_offsets))
+                                           pool=self.documents, offsets_of=self.corpus.sentence_offsets,
+                                           balance=cfg.nsp_balance))
         return specs
 
     def _plan(self, epoch: int) -> Any:

@@ -38,8 +38,9 @@ class PreTrainingOutput(NamedTuple):
     Attributes:
         mlm_logits: (B, T, V), or (N, V) for the gathered positions when ``masked_positions`` was given.
         nsp_logits: (B, 2); index 0 = "B follows A" (IsNext), 1 = random sentence (NotNext), as in BERT.
-        sbo_logits: (N, V) span-boundary predictions of the masked tokens (SpanBERT), in the order of
-            ``masked_positions``.
+        sbo_logits: (N_sbo, V) span-boundary predictions of the masked tokens that have an SBO target
+            (``sbo_left >= 0``: all of them, except the pieces of a long span past the position table), in the
+            order of ``masked_positions`` (SpanBERT).
     """
 
     mlm_logits: Tensor
@@ -258,6 +259,12 @@ class SpanBoundaryHead(nn.Module):
 
     State-dict keys: ``position.weight`` (max_span_len, D), ``fc1.*``, ``norm1.*``, ``fc2.*``, ``norm2.*``,
     ``bias``.
+
+    Spans are drawn in words (at most ``max_span_len``) but indexed here by word piece, so a span can hold more
+    pieces than the table has rows. As in SpanBERT's released code (pair targets truncated to
+    ``max_pair_targets`` pieces), only a span's first ``max_span_len`` pieces are SBO targets; the masking marks
+    the others with ``sbo_left = -1`` (``lmforge.data.masking``) and ``SpanBertHeads`` leaves them to the MLM.
+    The table keeps its size so that saved span heads (and their optimizer state) still load.
     """
 
     def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter, max_span_len: int = 10) -> None:
@@ -292,7 +299,9 @@ class SpanBoundaryHead(nn.Module):
             (N, V) logits.
         """
         if offset.numel() and int(offset.max()) >= self.max_span_len:
-            raise LmforgeError(f"a span offset of {int(offset.max())} exceeds max_span_len={self.max_span_len}")
+            raise LmforgeError(f"a span offset of {int(offset.max())} exceeds max_span_len={self.max_span_len} "
+                               "(the rows of the SBO's position table); give such tokens sbo_left=-1 (no SBO "
+                               "target), as lmforge.data.masking does")
         x = torch.cat([hidden[rows, left], hidden[rows, right], self.position(offset)], dim=-1)  # (N, 3D)
         h = self.norm1(F.gelu(self.fc1(x)))  # (N, D)
         y = self.norm2(F.gelu(self.fc2(h)))  # (N, D)
@@ -317,7 +326,13 @@ class SpanBertHeads(nn.Module):
         Args:
             encoder_output: an ``EncoderOutput``.
             masked_positions: (B, T) bool mask of the predicted tokens.
-            sbo_left, sbo_right, sbo_offset: (B, T) span boundaries and offsets (read where the mask is True).
+            sbo_left, sbo_right, sbo_offset: (B, T) span boundaries and offsets, read where the mask is True and
+                ``sbo_left >= 0`` (a masked token with ``sbo_left = -1`` has no SBO target: a piece of a long span
+                past the position table).
+
+        Returns:
+            PreTrainingOutput(mlm_logits (N, V), None, sbo_logits (N_sbo, V)), N_sbo = masked tokens with
+            ``sbo_left >= 0``.
         """
         hidden = encoder_output.last_hidden_state  # (B, T, D)
         if masked_positions is None:
@@ -327,9 +342,10 @@ class SpanBertHeads(nn.Module):
         mlm_logits = self.mlm(gather_positions(hidden, masked_positions))  # (N, V)
         if sbo_left is None or sbo_right is None or sbo_offset is None:
             return PreTrainingOutput(mlm_logits)
-        rows = masked_positions.nonzero()[:, 0]  # (N,) row-major, the order of hidden[mask]
-        sbo_logits = self.sbo(hidden, rows, sbo_left[masked_positions], sbo_right[masked_positions],
-                              sbo_offset[masked_positions])  # (N, V)
+        sbo_mask = masked_positions & (sbo_left >= 0)  # (B, T) the tokens with an SBO target
+        rows = sbo_mask.nonzero()[:, 0]  # (N_sbo,) row-major, the order of hidden[mask]
+        sbo_logits = self.sbo(hidden, rows, sbo_left[sbo_mask], sbo_right[sbo_mask],
+                              sbo_offset[sbo_mask])  # (N_sbo, V)
         return PreTrainingOutput(mlm_logits, None, sbo_logits)
 
 

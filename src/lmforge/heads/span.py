@@ -8,6 +8,10 @@ Spans are word index pairs (i, j) with j INCLUSIVE inside this module; the reade
 (start, end EXCLUSIVE, label). They are enumerated end-major (by j, then i) — ``enumerate_spans`` — so the
 enumeration of n words is a prefix of the enumeration of n + 1 words and a batch shares one span table, each
 sentence using a prefix of it. Class 0 is "none" (not an entity); class k + 1 is ``labels[k]``.
+
+Span representations (``features``): "lecture" = [s_i; e_j; g_ij] (start vector, end vector, pooled span vector),
+"width" = the same plus a learned width embedding (Lee et al.'s phi). Decoding (``decoding``): "flat" keeps
+non-overlapping spans, "nested" keeps spans that nest or are disjoint, never two that cross.
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.attention import masked_softmax
 from lmforge.nn.feedforward import ACTIVATIONS
 
+SPAN_FEATURES = ("lecture", "width")
+SPAN_DECODINGS = ("flat", "nested")
+
 __all__ = [
+    "SPAN_DECODINGS",
+    "SPAN_FEATURES",
     "SPAN_POOLINGS",
     "SpanClassificationHead",
     "SpanClassificationOutput",
@@ -35,6 +44,7 @@ __all__ = [
     "count_spans",
     "enumerate_spans",
     "mean_pool",
+    "select_spans",
 ]
 
 IGNORE_INDEX = -100
@@ -100,13 +110,54 @@ def attention_pool(h: Tensor, scores: Tensor, spans: Tensor, max_span_width: int
     return torch.bmm(weights, h), weights  # (B, S, D), (B, S, W)
 
 
+def _crosses(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether inclusive word ranges a and b overlap without one containing the other."""
+    return a[0] < b[0] <= a[1] < b[1] or b[0] < a[0] <= b[1] < a[1]
+
+
+def select_spans(spans: Sequence[tuple[int, int]], scores: Sequence[float],
+                 decoding: str = "flat") -> list[int]:
+    """Greedy span selection by descending score: the indices of the kept spans.
+
+    From the highest score down (ties: earlier start, then shorter span first), a span is kept when it fits with
+    every span kept so far: with ``decoding="flat"`` it must share no word with them; with ``"nested"`` it may
+    also contain or lie inside a kept span, and only a span that CROSSES a kept one (they overlap, neither
+    contains the other) is dropped, so of a crossing pair the higher score stays.
+
+    Args:
+        spans: (i, j) word ranges, j INCLUSIVE, all distinct.
+        scores: one per span.
+        decoding: "flat" or "nested".
+
+    Returns:
+        Indices into ``spans`` of the kept ones, in the order they were kept.
+    """
+    if decoding not in SPAN_DECODINGS:
+        raise LmforgeError(f"unknown span decoding {decoding!r}; choose one of {', '.join(SPAN_DECODINGS)}")
+    order = sorted(range(len(spans)), key=lambda k: (-scores[k], spans[k][0], spans[k][1]))
+    kept: list[int] = []
+    if decoding == "flat":
+        taken: set[int] = set()
+        for k in order:
+            i, j = spans[k]
+            if taken.isdisjoint(range(i, j + 1)):
+                taken.update(range(i, j + 1))
+                kept.append(k)
+        return kept
+    for k in order:
+        if not any(_crosses(spans[k], spans[m]) for m in kept):
+            kept.append(k)
+    return kept
+
+
 class SpanClassificationHead(nn.Module):
     """Span classifier with the span representations of Lee et al. (2017), "End-to-end Neural Coreference
     Resolution" (EMNLP), section 4, used for NER as span classification.
 
     A word is represented by the hidden state of its first sub-word, h_w. Span (i, j) is
 
-        x_ij = [FFNN_s(h_i); FFNN_e(h_j); g_ij; phi(j - i)]
+        x_ij = [FFNN_s(h_i); FFNN_e(h_j); g_ij; phi(j - i)]     (features="width", the default)
+        x_ij = [FFNN_s(h_i); FFNN_e(h_j); g_ij]                (features="lecture", the lecture's [s_i; e_j; g_ij])
 
     with FFNN_s, FFNN_e one-layer projections to E dims (activation ``activation``), g_ij the mean of
     h_i .. h_j (``pooling="mean"``) or Lee et al.'s attention over them (``pooling="attention"``: a learned
@@ -117,13 +168,16 @@ class SpanClassificationHead(nn.Module):
     Deviations from Lee et al.: endpoints are projected (FFNN_s, FFNN_e, as start/end projections in later span
     NER models) rather than concatenated raw, and the attention scorer is linear in h_k (no hidden layer).
 
-    State-dict keys: ``start_proj.*``, ``end_proj.*``, ``width.weight``, ``hidden.*``, ``output.*``, and
-    ``scorer.*`` with attention pooling.
+    ``decode`` keeps flat (non-overlapping) spans, or with ``decoding="nested"`` spans that nest without
+    crossing (see ``select_spans``).
+
+    State-dict keys: ``start_proj.*``, ``end_proj.*``, ``width.weight`` (only with features="width"),
+    ``hidden.*``, ``output.*``, and ``scorer.*`` with attention pooling.
     """
 
     def __init__(self, d_model: int, labels: Sequence[str], *, max_span_width: int = 8, d_endpoint: int | None = None,
-                 d_width: int = 20, pooling: str = "mean", dropout: float = 0.1, activation: str = "gelu",
-                 init_std: float = 0.02) -> None:
+                 d_width: int = 20, pooling: str = "mean", features: str = "width", decoding: str = "flat",
+                 dropout: float = 0.1, activation: str = "gelu", init_std: float = 0.02) -> None:
         """
         Args:
             d_model: D.
@@ -132,6 +186,8 @@ class SpanClassificationHead(nn.Module):
             d_endpoint: E, default min(d_model, 128).
             d_width: width-embedding dims (Lee et al. use 20).
             pooling: "mean" or "attention", how g_ij is made.
+            features: "width" ([s_i; e_j; g_ij; phi(j - i)]) or "lecture" ([s_i; e_j; g_ij], no width embedding).
+            decoding: what ``decode`` returns by default: "flat" or "nested" spans.
             dropout: on the word vectors and the classifier's hidden layer.
             activation: name in ``lmforge.nn.feedforward.ACTIVATIONS``.
             init_std: standard deviation of the weights' normal initialisation.
@@ -144,6 +200,10 @@ class SpanClassificationHead(nn.Module):
             raise LmforgeError(f"max_span_width must be >= 1, got {max_span_width}")
         if pooling not in SPAN_POOLINGS:
             raise LmforgeError(f"unknown span pooling {pooling!r}; choose one of {', '.join(SPAN_POOLINGS)}")
+        if features not in SPAN_FEATURES:
+            raise LmforgeError(f"unknown span features {features!r}; choose one of {', '.join(SPAN_FEATURES)}")
+        if decoding not in SPAN_DECODINGS:
+            raise LmforgeError(f"unknown span decoding {decoding!r}; choose one of {', '.join(SPAN_DECODINGS)}")
         if activation not in ACTIVATIONS:
             raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         if not 0.0 <= dropout < 1.0:
@@ -153,13 +213,14 @@ class SpanClassificationHead(nn.Module):
             raise LmforgeError(f"d_endpoint and d_width must be >= 1; got {E} and {d_width}")
         self.labels = list(labels)
         self.max_span_width, self.pooling = max_span_width, pooling
+        self.features, self.decoding = features, decoding
         self.activation = ACTIVATIONS[activation]
         self.dropout = nn.Dropout(dropout)
         self.start_proj = nn.Linear(d_model, E)
         self.end_proj = nn.Linear(d_model, E)
-        self.width = nn.Embedding(max_span_width, d_width)
+        self.width = nn.Embedding(max_span_width, d_width) if features == "width" else None
         self.scorer = nn.Linear(d_model, 1) if pooling == "attention" else None
-        self.hidden = nn.Linear(2 * E + d_model + d_width, d_model)
+        self.hidden = nn.Linear(2 * E + d_model + (d_width if features == "width" else 0), d_model)
         self.output = nn.Linear(d_model, len(self.labels) + 1)
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
@@ -199,10 +260,12 @@ class SpanClassificationHead(nn.Module):
             g = mean_pool(h, spans)  # (B, S, D)
         else:
             g, _ = attention_pool(h, self.scorer(h).squeeze(2), spans, M)  # (B, S, D)
-        x = torch.cat([self.activation(self.start_proj(h))[:, i],  # (B, S, E)
-                       self.activation(self.end_proj(h))[:, j],  # (B, S, E)
-                       g,
-                       self.width(j - i).expand(B, S, -1)], dim=-1)  # (B, S, 2E + D + d_width)
+        parts = [self.activation(self.start_proj(h))[:, i],  # (B, S, E)
+                 self.activation(self.end_proj(h))[:, j],  # (B, S, E)
+                 g]  # (B, S, D)
+        if self.width is not None:
+            parts.append(self.width(j - i).expand(B, S, -1))  # (B, S, d_width)
+        x = torch.cat(parts, dim=-1)  # (B, S, 2E + D [+ d_width])
         logits = self.output(self.dropout(self.activation(self.hidden(x))))  # (B, S, C)
 
         loss_sum = loss_count = None
@@ -237,53 +300,54 @@ class SpanClassificationHead(nn.Module):
             raise LmforgeError("word_mask must mark a prefix of each row as real words")
 
     @torch.no_grad()
-    def decode(self, output: SpanClassificationOutput) -> list[list[tuple[int, int, str]]]:
-        """Flat (non-overlapping) spans per sentence, greedily by probability.
+    def decode(self, output: SpanClassificationOutput,
+               decoding: str | None = None) -> list[list[tuple[int, int, str]]]:
+        """Spans per sentence, greedily by probability.
 
         Every span whose best class is not "none" is a candidate, scored by that class's probability; from the
-        highest score down, a candidate is kept unless it overlaps a kept span (ties: earlier start, then
-        shorter span first). Nested entities are therefore never returned.
+        highest score down (ties: earlier start, then shorter span first), a candidate is kept unless, with
+        "flat" decoding, it overlaps a kept span (nested entities are never returned) or, with "nested"
+        decoding, it crosses a kept span (overlaps it without either containing the other); see
+        ``select_spans``.
 
         Args:
             output: what ``forward`` returned.
+            decoding: "flat" or "nested"; default the head's ``decoding``.
 
         Returns:
             B lists of (start, end EXCLUSIVE, label), sorted by start.
         """
+        decoding = self.decoding if decoding is None else decoding
         probs, best = output.span_logits.float().softmax(-1).max(-1)  # (B, S), (B, S)
         candidate = output.span_mask & (best != 0)
         result = []
         for b in range(best.shape[0]):
             picks = candidate[b].nonzero().squeeze(1).tolist()
-            spans = output.spans[b, picks].tolist()
+            spans = [tuple(s) for s in output.spans[b, picks].tolist()]
             score, cls = probs[b, picks].tolist(), best[b, picks].tolist()
-            order = sorted(range(len(picks)), key=lambda k: (-score[k], spans[k][0], spans[k][1]))
-            taken: set[int] = set()
-            kept = []
-            for k in order:
-                i, j = spans[k]
-                if taken.isdisjoint(range(i, j + 1)):
-                    taken.update(range(i, j + 1))
-                    kept.append((i, j + 1, self.labels[cls[k] - 1]))
-            result.append(sorted(kept))
+            kept = select_spans(spans, score, decoding)
+            result.append(sorted((spans[k][0], spans[k][1] + 1, self.labels[cls[k] - 1]) for k in kept))
         return result
 
     def extra_repr(self) -> str:
-        return f"labels={len(self.labels)}, max_span_width={self.max_span_width}, pooling={self.pooling!r}"
+        return (f"labels={len(self.labels)}, max_span_width={self.max_span_width}, pooling={self.pooling!r}, "
+                f"features={self.features!r}, decoding={self.decoding!r}")
 
 
 def build_span_head(config: ModelConfig, backbone: nn.Module, *, labels: Sequence[str], max_span_width: int = 8,
-                    pooling: str = "mean", d_endpoint: int | None = None,
-                    dropout: float | None = None) -> SpanClassificationHead:
+                    pooling: str = "mean", d_endpoint: int | None = None, features: str = "width",
+                    decoding: str = "flat", dropout: float | None = None) -> SpanClassificationHead:
     """The ``{"type": "span_classification", "labels": [...], ...}`` builder of ``lmforge.heads.build_head``.
 
     Args:
         config: uses d_model, dropout (unless ``dropout`` is given), activation and init_std.
         backbone: unused (the head reads hidden states only).
         labels: span type names (class k + 1 = labels[k]; class 0 = none).
-        max_span_width, pooling, d_endpoint: see ``SpanClassificationHead``.
+        max_span_width, pooling, d_endpoint, features, decoding: see ``SpanClassificationHead``; a saved head
+            without ``features`` / ``decoding`` (folders from before these options) is "width" / "flat".
         dropout: default ``config.dropout``.
     """
     return SpanClassificationHead(config.d_model, labels, max_span_width=max_span_width, d_endpoint=d_endpoint,
-                                  pooling=pooling, dropout=config.dropout if dropout is None else dropout,
+                                  pooling=pooling, features=features, decoding=decoding,
+                                  dropout=config.dropout if dropout is None else dropout,
                                   activation=config.activation, init_std=config.init_std)

@@ -6,7 +6,9 @@ Batches follow ``lmforge.data.pretraining``: ``input_ids``, ``attention_mask``, 
 (the head gathers them first): in a small BERT it is most of the compute.
 
 Losses (Devlin et al., 2019; Joshi et al., 2020): the MLM loss is the mean cross-entropy over masked tokens,
-the NSP loss the mean over sequences, the SBO loss the mean over span tokens; the total is their sum.
+the NSP loss the mean over sequences, the SBO loss the mean over span tokens that have an SBO target
+(``sbo_left >= 0``: every span token except the pieces of a long span past the head's position table, see
+``lmforge.data.masking``); the total is their sum.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class MaskedLMObjective:
         sbo: add the SBO loss (needs the ``sbo_*`` tensors; the head must be ``SpanBertHeads``).
     """
 
+    # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
+    predicted_tokens_term = "mlm"
+
     def __init__(self, nsp: bool = False, sbo: bool = False) -> None:
         self.nsp = nsp
         self.sbo = sbo
@@ -45,7 +50,7 @@ class MaskedLMObjective:
         if self.nsp:
             out["nsp"] = int(batch["nsp_labels"].numel())
         if self.sbo:
-            out["sbo"] = n
+            out["sbo"] = int(((batch["mlm_labels"] != IGNORE) & (batch["sbo_left"] >= 0)).sum())
         return out
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
@@ -68,7 +73,9 @@ class MaskedLMObjective:
             losses["nsp"] = (nsp_loss, nsp_targets.numel())
             metrics["nsp_accuracy"] = (nsp_correct, nsp_targets.numel())
         if self.sbo:
-            sbo_loss, sbo_correct = _sum_ce(out.sbo_logits, targets)
-            losses["sbo"] = (sbo_loss, n)
-            metrics["sbo_accuracy"] = (sbo_correct, n)
+            sbo_targets = labels[selected & (batch["sbo_left"] >= 0)]  # (N_sbo,)
+            n_sbo = sbo_targets.numel()
+            sbo_loss, sbo_correct = _sum_ce(out.sbo_logits, sbo_targets)
+            losses["sbo"] = (sbo_loss, n_sbo)
+            metrics["sbo_accuracy"] = (sbo_correct, n_sbo)
         return ObjectiveOutput(losses, metrics)

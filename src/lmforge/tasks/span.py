@@ -1,9 +1,14 @@
 """Span labeling (``--task span``): JSONL sentences with labelled spans, every span up to ``max_span_width`` words
-classified, non-overlapping spans decoded greedily, exact-match span F1.
+classified, spans decoded greedily, exact-match span F1.
 
 Input lines: ``{"tokens": [...], "spans": [{"start": s, "end": e, "label": "PER"}, ...]}`` with ``end``
-EXCLUSIVE (``tokens[s:e]``). Gold spans wider than ``max_span_width`` cannot be predicted and are counted in a
-warning (raise ``--task.max_span_width``); so are sentences longer than ``max_length`` sub-words.
+EXCLUSIVE (``tokens[s:e]``). Gold spans may nest or overlap (each span is classified on its own); one span takes
+one label. Gold spans wider than ``max_span_width`` cannot be predicted and are counted in a warning (raise
+``--task.max_span_width``); so are sentences longer than ``max_length`` sub-words.
+
+Options: ``span_features`` "width" (default: [s_i; e_j; g_ij; width embedding]) or "lecture" ([s_i; e_j; g_ij]);
+``span_decoding`` "flat" (default: non-overlapping spans) or "nested" (spans that nest or are disjoint; of two
+crossing spans the higher-scored one). Metrics are exact-match (start, end, label) precision, recall and F1.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ class SpanTask(Task):
 
     def head_options(self) -> dict[str, Any]:
         c = self.config
-        options = {"labels": self.labels, "max_span_width": c.max_span_width, "pooling": c.span_pooling}
+        options = {"labels": self.labels, "max_span_width": c.max_span_width, "pooling": c.span_pooling,
+                   "features": c.span_features, "decoding": c.span_decoding}
         return {**options, "dropout": c.dropout} if c.dropout is not None else options
 
     def read(self, path: str, *, labelled: bool = True) -> list[Any]:
@@ -71,7 +77,7 @@ class SpanTask(Task):
         results: list[list[tuple[int, int, str]]] = [[] for _ in examples]
         collate = lambda fs: self.collate(fs, tokenizer.pad_id)  # noqa: E731
         for chunk, out in run_model(model, features, collate, batch_size, drop=("span_labels",)):
-            for j, spans in enumerate(model.head.decode(out)):
+            for j, spans in enumerate(model.head.decode(out, self.config.span_decoding)):
                 results[chunk[j]] = [tuple(s) for s in spans]
         return results
 

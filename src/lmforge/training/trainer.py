@@ -18,7 +18,9 @@ reported loss is ``sum_k loss_k`` with ``loss_k = (sum of loss_sum_k over the gl
 
 **Metrics**: ``ObjectiveOutput.metrics`` maps a name to (sum, count); the Trainer adds sums and counts over
 micro-batches, processes and logging window and reports ``sum / count`` under that name (so name them for what the
-ratio is, e.g. ``mlm_accuracy`` = (correct predictions, predictions)).
+ratio is, e.g. ``mlm_accuracy`` = (correct predictions, predictions)). An objective may name the loss term whose
+item count is the number of predicted tokens (``predicted_tokens_term = "mlm"`` for masked LM); each log line then
+has ``predicted_tokens``, that term's items summed over the logging interval (all processes), next to ``tokens``.
 
 **Evaluation** (every ``eval_every`` steps and at the end): up to ``eval_batches`` micro-batches of the eval data per
 process, in eval mode without gradients; reports ``eval_loss``, ``eval_loss_<term>``, ``eval_ppl_<term>`` =
@@ -444,6 +446,9 @@ class Trainer:
         w["grad_norm"] += grad_norm
         for t, v in term_values.items():
             w["terms"][t] = w["terms"].get(t, 0.0) + v
+        predicted = getattr(self.objective, "predicted_tokens_term", None)  # the term counting predicted tokens
+        if predicted in counts:
+            w["predicted_tokens"] = w.get("predicted_tokens", 0) + int(counts[predicted])
         for name in sums:
             if not name.startswith("loss/"):
                 _add_pairs(w["metrics"], {name: (totals[f"{name}/sum"], totals[f"{name}/count"])})
@@ -494,6 +499,8 @@ class Trainer:
         record.update({name: s / c if c else 0.0 for name, (s, c) in sorted(w["metrics"].items())})
         record.update({"lr": lr, "grad_norm": w["grad_norm"] / n, "tokens_per_s": self._throughput(),
                        "tokens": self.tokens, "elapsed_s": self._elapsed()})
+        if "predicted_tokens" in w:  # this interval's predicted (e.g. masked) tokens, next to the running tokens
+            record["predicted_tokens"] = int(w["predicted_tokens"])
         self._window = new_window()
         self._t_window, self._tokens_window = time.perf_counter(), 0
         return record
