@@ -239,6 +239,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
+def coerce(value: Any, annotation: Any, where: str) -> Any:
+    """``value`` checked and converted to the type ``annotation`` (a dataclass, list, optional, literal ...), with
+    errors naming ``where``: the one conversion used by configs, head options and Hugging Face configs."""
+    return _coerce(value, annotation, where)
+
+
 def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
     """Build dataclass ``cls`` from ``values`` strictly: unknown keys and wrong types are errors."""
     hints = _field_types(cls)

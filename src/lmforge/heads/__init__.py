@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from lmforge.config import ModelConfig, _coerce
+from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
 from lmforge.heads.base import TaskModel
 
@@ -75,7 +75,7 @@ def check_head_spec(spec: Any, where: str = "head") -> dict[str, Any]:
         raise LmforgeError(f"{where}: a {kind!r} head needs {', '.join(map(repr, missing))}"
                            + (" (the label names, in id order)" if "labels" in missing else ""))
     hints = typing.get_type_hints(builder)
-    typed = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in options.items()}
+    typed = {k: coerce(v, hints[k], f"{where}.{k}") for k, v in options.items()}
     # nn.Dropout's own complaint is a bare ValueError
     if typed.get("dropout") is not None and not 0.0 <= typed["dropout"] < 1.0:
         raise LmforgeError(f"{where}.dropout: {typed['dropout']} must be in [0, 1)")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmforge.config import ModelConfig, _coerce
+from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
 
 __all__ = ["config_from_hf", "config_to_hf", "is_hf_bert_dir", "state_dict_from_hf", "state_dict_to_hf"]
@@ -109,7 +109,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         raise LmforgeError(f"BERT config lacks {', '.join(missing)}")
 
     def get(key: str, default: Any, kind: Any = int) -> Any:  # checked before any arithmetic on the value
-        return _coerce(hf.get(key, default), kind, key)
+        return coerce(hf.get(key, default), kind, key)
 
     hidden = get("hidden_size", None)
     return ModelConfig(

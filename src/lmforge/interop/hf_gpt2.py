@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmforge.config import ModelConfig, _coerce
+from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
@@ -105,7 +105,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     def get(name: str) -> Any:
         key = "n_ctx" if name == "n_positions" and "n_positions" not in hf and "n_ctx" in hf else name  # old configs
         value = hf.get(key)
-        return _coerce(_HF_DEFAULTS[name] if value is None else value, _HF_TYPES[name], key)
+        return coerce(_HF_DEFAULTS[name] if value is None else value, _HF_TYPES[name], key)
 
     problems = []
     if hf.get("add_cross_attention"):
