@@ -7,12 +7,11 @@ import json
 import logging
 import math
 import os
-from typing import Any
 
 from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
 from lmforge.embeddings.glove import GloVeConfig
-from lmforge.embeddings.io import FILE_FORMATS, load_word2vec, save_word2vec
+from lmforge.embeddings.io import FILE_FORMATS, load_word2vec
 from lmforge.embeddings.vocab import encode_corpus
 from lmforge.embeddings.word2vec import Word2VecConfig
 from lmforge.errors import LmforgeError
@@ -57,13 +56,6 @@ def _number(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _rewrite_format(args: argparse.Namespace, result: Any) -> None:
-    """``train_vectors`` writes the word2vec format; --format glove rewrites the file (atomically) without the
-    header."""
-    if args.format != "word2vec":
-        save_word2vec(result.vectors, args.out, binary=args.binary, format=args.format)
-
-
 # ---------------------------------------------------------------------------------------------- word2vec
 def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
     _add_common(p, window=5, epochs=5, batch=1024, batch_unit="centre words")
@@ -100,8 +92,7 @@ def run_word2vec_train(args: argparse.Namespace) -> int:
                             share_negatives=args.share_negatives, workers=args.workers, seed=args.seed,
                             device=args.device)
     with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
-        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
-    _rewrite_format(args, result)
+        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary, file_format=args.format)
     print(f"word2vec {config.architecture}: {len(vocab):,} words x {config.dim} dimensions, {config.epochs} epochs "
           f"in {result.seconds:.1f} s ({result.words_per_second:,.0f} words/s); final loss "
           f"{result.epochs[-1].loss:.4f}")
@@ -125,8 +116,7 @@ def run_glove_train(args: argparse.Namespace) -> int:
                          x_max=args.x_max, alpha=args.alpha, batch_size=args.batch_size, workers=args.workers,
                          seed=args.seed, max_entries=args.max_entries, device=args.device)
     with encode_corpus(args.input, stats=ReadStats(), progress=True) as corpus:
-        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary)
-    _rewrite_format(args, result)
+        result, vocab = train_vectors(config, corpus, out=args.out, binary=args.binary, file_format=args.format)
     print(f"glove: {len(vocab):,} words x {config.dim} dimensions from {result.nnz:,} co-occurrences "
           f"({result.cooccurrence_seconds:.1f} s), {config.epochs} epochs in {result.seconds:.1f} s; final loss "
           f"{result.epochs[-1].loss:.5f}")

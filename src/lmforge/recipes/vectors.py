@@ -28,14 +28,15 @@ def method_name(config: Word2VecConfig | GloVeConfig) -> str:
 
 
 def train_vectors(config: Word2VecConfig | GloVeConfig, corpus: Any, *, out: str | Path | None = None,
-                  binary: bool = False, metrics: bool = True, progress: bool = True) -> tuple[Any, Any]:
+                  binary: bool = False, file_format: str = "word2vec", metrics: bool = True,
+                  progress: bool = True) -> tuple[Any, Any]:
     """Build the vocabulary (words with ``config.min_count`` or more), train, and save when ``out`` is given.
 
     Args:
         config: a ``Word2VecConfig`` or a ``GloVeConfig``: which method, and its settings.
         corpus: an ``EncodedCorpus`` (``lmforge.embeddings.vocab``: from files or from split sentences).
-        out: the vectors file (word2vec text format, or binary with ``binary``); ``metrics`` adds the per-epoch
-            records beside it.
+        out: the vectors file (word2vec text format, binary with ``binary``, or GloVe's headerless text with
+            ``file_format="glove"``); ``metrics`` adds the per-epoch records beside it.
 
     Returns:
         (the training result, with ``vectors`` and ``epochs``; the vocabulary).
@@ -59,7 +60,7 @@ def train_vectors(config: Word2VecConfig | GloVeConfig, corpus: Any, *, out: str
     train = train_word2vec if isinstance(config, Word2VecConfig) else train_glove
     result = train(corpus, vocab, config, progress=progress, on_epoch=on_epoch)
     if out is not None:
-        save_word2vec(result.vectors, out, binary=binary)
+        save_word2vec(result.vectors, out, binary=binary, format=file_format)
         if metrics:
             atomic_write_text(metrics_path(out), "".join(json.dumps(r) + "\n" for r in records))
     return result, vocab

@@ -154,17 +154,22 @@ def prepare_output_dir(path: str | Path, *, overwrite: bool = False, inputs: Ite
     return path
 
 
+def _file_above(folder: Path) -> Path | None:
+    """The nearest existing path at or above ``folder`` when it is a file (so no folder can be made there)."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
 def check_output_dir(path: str | Path, *, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
                      option: str = "--out", continue_run: bool = False, resumable: bool = False) -> None:
     """The checks of ``prepare_output_dir`` alone: raise where it would refuse, change nothing."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise LmforgeError(f"{option} {path}: is a file, but {option} names a folder; choose a folder path")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise LmforgeError(f"{option} {path}: a parent of the folder is a file; choose another path")
-            break
+    if _file_above(path.parent) is not None:
+        raise LmforgeError(f"{option} {path}: a parent of the folder is a file; choose another path")
     check_not_input(path, inputs, option)
     if path.is_dir() and any(path.iterdir()) and not continue_run and not overwrite:
         resume = " or --resume auto to continue the run there," if resumable else ""
@@ -190,11 +195,9 @@ def prepare_output_file(path: str | Path, *, overwrite: bool = False, inputs: It
         raise LmforgeError(f"{option} {path}: the file already exists; choose another path or pass --overwrite "
                            "to replace it")
     parent = path.parent
-    for p in (parent, *parent.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise LmforgeError(f"{option} {path}: {p} is a file, not a folder; choose another path")
-            break
+    blocking = _file_above(parent)
+    if blocking is not None:
+        raise LmforgeError(f"{option} {path}: {blocking} is a file, not a folder; choose another path")
     parent.mkdir(parents=True, exist_ok=True)
     return path
 
