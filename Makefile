@@ -49,4 +49,4 @@ bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info src/lmforge/embeddings/*.so

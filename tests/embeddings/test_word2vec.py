@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.embeddings import sgns
 from lmforge.embeddings.vocab import EncodedCorpus, Vocabulary, encode_corpus
 from lmforge.embeddings.word2vec import (
     CBOW,
@@ -23,6 +24,9 @@ from lmforge.embeddings.word2vec import (
 )
 from lmforge.errors import InputFileError, LmforgeError
 from tests.embeddings.synthetic import planted_corpus, planted_ranks_above_random
+
+needs_kernel = pytest.mark.skipif(not sgns.available(), reason="the compiled Word2Vec loop was not built (no C "
+                                  "compiler when lmforge was installed)")
 
 
 # ---------------------------------------------------------------------------------------------- vocabulary, corpus
@@ -207,10 +211,11 @@ def planted():
     return corpus, corpus.build_vocabulary(min_count=1)
 
 
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=needs_kernel)])
 @pytest.mark.parametrize("architecture", ["skipgram", "cbow"])
-def test_planted_synonyms_rank_above_random_pairs(planted, architecture):
+def test_planted_synonyms_rank_above_random_pairs(planted, architecture, mode):
     corpus, vocab = planted
-    config = Word2VecConfig(architecture=architecture, dim=16, window=3, negative=5, min_count=1, sample=0,
+    config = Word2VecConfig(architecture=architecture, mode=mode, dim=16, window=3, negative=5, min_count=1, sample=0,
                             epochs=8, batch_size=128, workers=1, seed=3)
     result = train_word2vec(corpus, vocab, config)
     lowest_planted, highest_random = planted_ranks_above_random(result.vectors.similarity)
@@ -221,9 +226,10 @@ def test_planted_synonyms_rank_above_random_pairs(planted, architecture):
     assert result.epochs[-1].lr_end < config.alpha / 5  # decayed linearly towards min_alpha
 
 
-def test_training_is_reproducible_and_lr_decays(planted):
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=needs_kernel)])
+def test_training_is_reproducible_and_lr_decays(planted, mode):
     corpus, vocab = planted
-    config = Word2VecConfig(dim=8, window=2, min_count=1, epochs=2, batch_size=32, workers=1, seed=5)
+    config = Word2VecConfig(mode=mode, dim=8, window=2, min_count=1, epochs=2, batch_size=32, workers=1, seed=5)
     a, b = train_word2vec(corpus, vocab, config), train_word2vec(corpus, vocab, config)
     np.testing.assert_array_equal(a.vectors.vectors, b.vectors.vectors)
     # epoch 1 ends half way: lr = alpha - (alpha - min_alpha) * 1/2, to within one chunk's share
@@ -233,11 +239,12 @@ def test_training_is_reproducible_and_lr_decays(planted):
     assert c.vectors.vectors.shape == a.vectors.vectors.shape and np.isfinite(c.epochs[-1].loss)
 
 
-def test_training_without_any_pair_is_an_error():
+@pytest.mark.parametrize("mode", ["fast", pytest.param("exact", marks=needs_kernel)])
+def test_training_without_any_pair_is_an_error(mode):
     corpus = EncodedCorpus.from_sentences([["alone"], ["single"], ["alone"]])
     vocab = corpus.build_vocabulary(min_count=1)
     with pytest.raises(LmforgeError, match="no \\(context, centre\\) pair"):
-        train_word2vec(corpus, vocab, Word2VecConfig(min_count=1, epochs=1, workers=1))
+        train_word2vec(corpus, vocab, Word2VecConfig(mode=mode, min_count=1, epochs=1, workers=1))
 
 
 def test_config_validation():

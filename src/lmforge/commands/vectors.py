@@ -8,6 +8,7 @@ import logging
 import math
 import os
 
+from lmforge.choices import WORD2VEC_MODES
 from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
 from lmforge.embeddings.glove import GloVeConfig
@@ -58,7 +59,7 @@ def _number(x: float) -> float | None:
 
 # ---------------------------------------------------------------------------------------------- word2vec
 def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
-    _add_common(p, window=5, epochs=5, batch=1024, batch_unit="centre words")
+    _add_common(p, window=5, epochs=5, batch=1024, batch_unit="fast mode: centre words")
     arch = p.add_mutually_exclusive_group()
     arch.add_argument("--sg", dest="architecture", action="store_const", const="skipgram",
                       help="skip-gram (the default)")
@@ -70,8 +71,12 @@ def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
                    help="subsampling threshold t; 0 keeps every word (default 1e-3)")
     p.add_argument("--alpha", type=POSITIVE, default=0.025, help="initial learning rate (default 0.025)")
     p.add_argument("--min-alpha", type=Rate(0.0), default=0.0001, help="final learning rate (default 0.0001)")
+    p.add_argument("--mode", choices=WORD2VEC_MODES, default="exact",
+                   help="exact: the reference algorithm, every pair with its own negatives and its own SGD update "
+                        "(compiled loop, CPU; the default); fast: the batched approximation (blocks sharing "
+                        "negatives, summed updates; --batch-size, --share-negatives; runs on a GPU too)")
     p.add_argument("--share-negatives", type=Count(1, 10_000), default=8, metavar="G",
-                   help="consecutive centre words that share one draw of negatives (default 8; see "
+                   help="fast mode: consecutive centre words that share one draw of negatives (default 8; see "
                         "lmforge.embeddings.word2vec)")
 
 
@@ -86,7 +91,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def run_word2vec_train(args: argparse.Namespace) -> int:
     _check_outputs(args)
-    config = Word2VecConfig(architecture=args.architecture, dim=args.dim, window=args.window,
+    config = Word2VecConfig(architecture=args.architecture, mode=args.mode, dim=args.dim, window=args.window,
                             negative=args.negative, min_count=args.min_count, sample=args.sample, alpha=args.alpha,
                             min_alpha=args.min_alpha, epochs=args.epochs, batch_size=args.batch_size,
                             share_negatives=args.share_negatives, workers=args.workers, seed=args.seed,

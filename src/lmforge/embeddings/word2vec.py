@@ -1,9 +1,19 @@
-"""Word2Vec: skip-gram and CBOW with negative sampling (Mikolov et al., 2013a, 2013b), trained in batches.
+"""Word2Vec: skip-gram and CBOW with negative sampling (Mikolov et al., 2013a, 2013b), in two modes.
 
-Shape legend: N blocks in a batch, g centre words per block (``share_negatives``), W the window, L = g + 2W rows
-(candidate context positions) per block, K negatives, D vector size, V vocabulary size.
+- ``mode="exact"`` (the default): the reference algorithm of the C tool (word2vec.c) and gensim. Every (context,
+  centre) pair (CBOW: every centre word) draws its own K negatives and updates both tables at once with plain
+  SGD, so each pair sees the previous pair's update; threads take chunks of the corpus and update the shared
+  tables without locks (Hogwild!). The loop is compiled C (``_sgns.c``, through ``lmforge.embeddings.sgns``),
+  built when lmforge is installed; it runs on the CPU.
+- ``mode="fast"``: a batched approximation in PyTorch (``SkipGram`` / ``CBOW`` below): blocks of centre words share
+  their negatives and a batch's updates are summed from the parameters at its start (the deviations listed
+  below). It needs no compiler and runs on a GPU; on a real corpus it scores lower on word-similarity benchmarks
+  than the exact loop (BENCHMARKS.md, "Static embeddings").
 
-What follows the C tool (word2vec.c) and gensim, and where this code deviates:
+Shape legend (fast mode): N blocks in a batch, g centre words per block (``share_negatives``), W the window,
+L = g + 2W rows (candidate context positions) per block, K negatives, D vector size, V vocabulary size.
+
+What both modes share with the C tool and gensim, and where the fast mode deviates:
 
 - **Vocabulary**: words with fewer than ``min_count`` occurrences are removed before windows are formed.
 - **Subsampling**: each occurrence of word w is kept with probability ``min(1, sqrt(t / f(w)) + t / f(w))``,
@@ -22,10 +32,14 @@ What follows the C tool (word2vec.c) and gensim, and where this code deviates:
 - **Learning rate**: linear decay from ``alpha`` to ``min_alpha`` over ``epochs x corpus words`` (words counted
   before subsampling and ``min_count``, as gensim and the C tool count progress), updated every batch.
   ``alpha`` defaults to 0.025 for both models, as in gensim (the C tool uses 0.05 for CBOW).
-- **Deviation, batching**: the C tool updates after every pair (Hogwild! across threads); here a batch of
+- **Exact mode, what differs from the C tool** (none of it changes the algorithm): the sigmoid and the loss are
+  computed exactly (no 1,000-slot exp table, no clipping at |f| > 6); negatives come from an exact alias table
+  (Vose) of the noise distribution; the learning rate decays word by word inside a chunk; random numbers are one
+  splitmix64 stream per chunk seeded by (seed, epoch, chunk), so one worker gives the same vectors every run.
+- **Fast mode, deviation, batching**: the C tool updates after every pair (Hogwild! across threads); here a batch of
   ``batch_size`` centre words with all their pairs is scored against the parameters as they were at the batch's
   start and all updates are added at once (``index_add_``: repeated words sum their updates). Plain SGD.
-- **Deviation, negatives are shared within a block**: the corpus (after subsampling) is cut into blocks of
+- **Fast mode, deviation, negatives are shared within a block**: the corpus (after subsampling) is cut into blocks of
   ``share_negatives`` (g, default 8) consecutive centre words, and one draw of K negatives serves every pair of
   the block. A block is then one small matrix product, (g + 2W) context rows x D times D x (g + K) targets,
   instead of one per pair, and each context vector is read once per block rather than once per pair; this
@@ -34,7 +48,7 @@ What follows the C tool (word2vec.c) and gensim, and where this code deviates:
   (the same idea as the per-window sharing of Ji et al., 2016, "Parallelizing Word2Vec in Shared and
   Distributed Memory", and BlazingText's, Gupta and Khare, 2017, at a larger scale). With g = 1, CBOW is the
   C tool's model (one draw per centre word) and skip-gram shares the draw within a window, as Ji et al. do.
-- **Deviation, hot rows are damped**: because a batch's updates are computed from the same (stale) parameters
+- **Fast mode, deviation, hot rows are damped**: because a batch's updates are computed from the same (stale) parameters
   and summed, a word that takes part in very many pairs of one batch (a frequent word as a negative: it is drawn
   for many blocks, each shared by dozens of pairs) would take one huge step where the C tool takes many small
   ones, each seeing the previous one's effect; on small vocabularies (e.g. 8,000 word pieces) this made training
@@ -50,9 +64,9 @@ What follows the C tool (word2vec.c) and gensim, and where this code deviates:
   context words).
 - Initialisation: input vectors uniform in [-0.5 / D, 0.5 / D), output vectors zero (C tool, gensim).
 
-Training speed comes from batching (one update per ``batch_size`` centre words, a few dozen torch operations) and
-from ``workers`` lock-free threads, as in the C tool (see ``train_word2vec``). ``device`` puts the tables on a GPU;
-the batches are still made on the CPU.
+In both modes ``workers`` lock-free threads share the work, as in the C tool (see ``train_word2vec``). The fast
+mode's speed comes from batching (one update per ``batch_size`` centre words, a few dozen torch operations);
+``device`` puts its tables on a GPU (the batches are still made on the CPU).
 """
 
 from __future__ import annotations
@@ -70,6 +84,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.choices import WORD2VEC_MODES
+from lmforge.embeddings import sgns
 from lmforge.embeddings.vectors import KeyedVectors
 from lmforge.embeddings.vocab import EncodedCorpus, Vocabulary
 from lmforge.errors import LmforgeError
@@ -365,6 +381,7 @@ class Word2VecConfig:
     """Hyper-parameters; the defaults are gensim's (``Word2Vec()``) except ``batch_size``, which it has not."""
 
     architecture: str = "skipgram"
+    mode: str = "exact"  # exact: the reference per-pair SGD (compiled loop); fast: the batched approximation
     dim: int = 100
     window: int = 5
     negative: int = 5
@@ -384,6 +401,8 @@ class Word2VecConfig:
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise LmforgeError(f"architecture={self.architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
+        if self.mode not in WORD2VEC_MODES:
+            raise LmforgeError(f"mode={self.mode!r}; choose one of {', '.join(WORD2VEC_MODES)}")
         for name in ("dim", "window", "negative", "min_count", "epochs", "batch_size", "share_negatives", "workers",
                      "chunk_words"):
             if getattr(self, name) < 1:
@@ -458,6 +477,11 @@ class _Run:
         self.loss_sum, self.pairs, self.lr = 0.0, 0, config.alpha
         self.chunks: Iterator[tuple[int, tuple[np.ndarray, np.ndarray, int]]] = iter(())
         self.epoch = 0
+        self.exact = config.mode == "exact"
+        if self.exact:  # the compiled loop works on the tables' memory in place
+            self.noise = sgns.alias_table(self.sampler.probabilities)
+            self.syn0 = model.input_vectors.data.numpy()
+            self.syn1 = model.output_vectors.data.numpy()
 
     def lr_at(self, words: float) -> float:
         """Linear decay from alpha to min_alpha over all epochs' corpus words."""
@@ -476,6 +500,17 @@ class _Run:
                     break
                 index, (ids, sentence, raw) = item
                 # one generator per chunk: the data do not depend on which thread takes which chunk
+                if self.exact:
+                    lr = self.lr_at(start_words + raw)
+                    chunk_loss, chunk_pairs = sgns.train_chunk(
+                        self.syn0, self.syn1, ids, sentence, self.keep_prob, self.noise, window=self.config.window,
+                        negative=self.config.negative, cbow=self.config.architecture == "cbow",
+                        lr_start=self.lr_at(start_words), lr_end=lr, seed=sgns.seed_of(self.config.seed, self.epoch,
+                                                                                        index))
+                    loss_sum += chunk_loss
+                    pairs += chunk_pairs
+                    self._finish_chunk(raw, lr)
+                    continue
                 rng = np.random.default_rng([self.config.seed, self.epoch, index])
                 seen = 0
                 for batch in chunk_batches(ids, sentence, raw, self.sampler, self.keep_prob, self.config, rng):
@@ -487,10 +522,7 @@ class _Run:
                     seen += batch.raw_words
                     if self.stop.is_set():
                         return
-                with self.lock:
-                    self.done += raw
-                    self.lr = lr
-                    self.bar.update(raw)
+                self._finish_chunk(raw, lr)
             with self.lock:
                 self.loss_sum += loss_sum
                 self.pairs += pairs
@@ -498,6 +530,12 @@ class _Run:
             with self.lock:
                 self.errors.append(err)
             self.stop.set()
+
+    def _finish_chunk(self, raw: int, lr: float) -> None:
+        with self.lock:
+            self.done += raw
+            self.lr = lr
+            self.bar.update(raw)
 
     def run_epoch(self, epoch: int) -> tuple[float, int]:
         """Train one epoch on ``config.workers`` threads; returns (loss sum, pairs)."""
@@ -552,6 +590,11 @@ def train_word2vec(corpus: EncodedCorpus, vocab: Vocabulary, config: Word2VecCon
     """
     from tqdm.auto import tqdm
 
+    if config.mode == "exact":
+        sgns.require()
+        if parse_device(config.device).type != "cpu":
+            raise LmforgeError(f"device={config.device!r}: Word2Vec's exact mode (the per-pair loop) runs on the CPU; "
+                               "use --mode fast to train the batched approximation on a GPU")
     corpus.set_vocabulary(vocab)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # parallel by worker threads; intra-op threads would spin against them
