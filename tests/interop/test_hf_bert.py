@@ -26,6 +26,7 @@ transformers = pytest.importorskip("transformers")
 
 B, T, V = 3, 7, 99
 TOL = 1e-5
+RTOL = 1e-4  # float32 through 6 layers with another library's kernels: relative error grows with the magnitude
 
 
 def hf_tiny_config(**overrides) -> transformers.BertConfig:
@@ -75,7 +76,7 @@ def ours_from_hf_pretraining_partial(hf_model) -> TaskModel:
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=0, atol=TOL)
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=TOL)
 
 
 # ---------------------------------------------------------------------------------------------- random weights
