@@ -8,6 +8,10 @@ numbers in context: "lead" copies the article's first N words (N = the mean titl
 articles, the classic extractive baseline of headline generation), and "first sentence" copies the article's
 first sentence.
 
+RNN variants are named SCORE[-local][-localp][-bahdanau]: a scoring function (or "none": no attention, the fixed
+context vector of Cho et al. 2014), "-local" local-m and "-localp" local-p attention with window 5, "-bahdanau"
+Bahdanau's decoder order (query s_{i-1}, context fed into the RNN).
+
     .venv/bin/python benchmarks/bench_headlines.py [--epochs 20] [--variants transformer,additive,...] [--quick]
 """
 
@@ -26,6 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import machine_description, markdown_table, print_machine, reproduce_command  # noqa: E402
 
 SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
+VARIANTS = ("transformer", "none", *SCORES, "general-local", "general-localp", "additive-bahdanau")
 
 
 def main() -> int:
@@ -34,15 +39,17 @@ def main() -> int:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--max-source-len", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--variants", default="transformer," + ",".join(SCORES) + ",general-local")
+    parser.add_argument("--variants", default=None, help=f"comma-separated (default: {','.join(VARIANTS)})")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-repeat-ngram", type=int, default=2,
                         help="the test set is decoded twice: plain beam 4, and beam 4 blocking repeated n-grams")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-headlines"))
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 0.2 epochs of two variants")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: 0.2 epochs (of transformer,general unless --variants says otherwise)")
     args = parser.parse_args()
     if args.quick:
-        args.epochs, args.variants = 0.2, "transformer,general"
+        args.epochs, args.variants = 0.2, args.variants or "transformer,general"
+    args.variants = args.variants or ",".join(VARIANTS)
 
     import torch
 
@@ -92,9 +99,15 @@ def main() -> int:
                                                  "d_ff": 4 * d, "max_seq_len": 128, "dropout": 0.1}
             lr, schedule = 1e-3, {"schedule": "inverse_sqrt", "warmup_steps": 100}
         else:
-            score, _, local = variant.partition("-")
+            score, *options = variant.split("-")
+            unknown = set(options) - {"local", "localp", "bahdanau"}
+            if score not in (*SCORES, "none") or unknown:
+                parser.error(f"unknown variant {variant!r}: SCORE[-local][-localp][-bahdanau], SCORE one of "
+                             f"{', '.join(SCORES)}, none")
             preset, model = "rnn-seq2seq", {"d_model": d, "attention": score, "dropout": 0.1,
-                                            "attention_window": 5 if local else None}
+                                            "attention_window": 5 if {"local", "localp"} & set(options) else None,
+                                            "attention_alignment": "predictive" if "localp" in options else "monotonic",
+                                            "decoder_order": "bahdanau" if "bahdanau" in options else "luong"}
             lr, schedule = 2e-3, {"schedule": "linear", "warmup_steps": 50}
         run = Seq2SeqRun(preset=preset, model=model, tokenizer=str(tokenizer_dir), out=str(out / variant),
                          epochs=args.epochs, data=Seq2SeqDataConfig(train="bbc-headlines",

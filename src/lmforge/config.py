@@ -22,14 +22,17 @@ from typing import Any, TypeVar
 from lmforge.choices import (
     ACTIVATIONS,
     ARCHITECTURES,
-    ATTENTION_SCORES,
+    DECODER_ORDERS,
+    HARD_ATTENTION_ESTIMATORS,
     KERNELS,
+    LOCAL_ALIGNMENTS,
     LONG_TEXT,
     MASKINGS,
     POSITIONALS,
     PRECISIONS,
     RECURRENT_ARCHITECTURES,
     RNN_CELLS,
+    RNN_SEQ2SEQ_ATTENTIONS,
     SCHEDULES,
     SPAN_POOLINGS,
     TAG_SCHEMES,
@@ -84,6 +87,15 @@ class ModelConfig:
     attention: str = "general"
     attention_window: int | None = None
     input_feeding: bool = True
+    # rnn_seq2seq only (the defaults are the model as it was before these options existed): attention "none" is in
+    # the choices of ``attention``; local-m or local-p; Luong's or Bahdanau's decoder order; hard attention and its
+    # gradient estimator (REINFORCE: moving-average reward baseline, optional entropy bonus)
+    attention_alignment: str = "monotonic"
+    decoder_order: str = "luong"
+    hard_attention: bool = False
+    hard_attention_estimator: str = "straight_through"
+    reinforce_baseline_decay: float = 0.9
+    reinforce_entropy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -101,7 +113,9 @@ class ModelConfig:
         problems = []
         for name, choices in (("arch", ARCHITECTURES), ("positional", POSITIONALS),
                               ("activation", ACTIVATIONS), ("kernel", KERNELS), ("rnn_cell", RNN_CELLS),
-                              ("attention", ATTENTION_SCORES)):
+                              ("attention", RNN_SEQ2SEQ_ATTENTIONS), ("attention_alignment", LOCAL_ALIGNMENTS),
+                              ("decoder_order", DECODER_ORDERS),
+                              ("hard_attention_estimator", HARD_ATTENTION_ESTIMATORS)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         recurrent = self.arch in RECURRENT_ARCHITECTURES
@@ -131,6 +145,7 @@ class ModelConfig:
             problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")
         if self.attention_window is not None and self.attention_window < 0:
             problems.append(f"attention_window={self.attention_window} must be >= 0 (None = global attention)")
+        problems += self._rnn_attention_problems()
         if recurrent and self.bidirectional and self.d_model % 2:
             problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
                             "even d_model")
@@ -138,6 +153,29 @@ class ModelConfig:
             problems.append(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         if problems:
             raise LmforgeError("invalid model config: " + "; ".join(problems))
+
+    def _rnn_attention_problems(self) -> list[str]:
+        """The attention options of the RNN encoder-decoder that contradict each other or the family."""
+        problems = []
+        if self.attention_alignment == "predictive" and (self.attention_window is None or self.attention_window < 1):
+            problems.append(f"attention_alignment='predictive' is local-p attention and needs attention_window >= 1 "
+                            f"(its Gaussian has sigma = D/2); got attention_window={self.attention_window}")
+        if self.attention == "none":
+            if self.arch == "rnn":
+                problems.append("attention='none' leaves attention pooling nothing to pool with; choose a score")
+            if self.attention_window is not None:
+                problems.append(f"attention='none' has no attention to make local; unset attention_window "
+                                f"(got {self.attention_window})")
+            if self.hard_attention:
+                problems.append("attention='none' has no attention to make hard; unset hard_attention")
+        if self.arch == "rnn" and (self.hard_attention or self.decoder_order != "luong"):
+            problems.append("hard_attention and decoder_order apply to the RNN encoder-decoder (arch='rnn_seq2seq'); "
+                            "attention pooling (arch='rnn') is soft and has no decoder")
+        if not 0.0 <= self.reinforce_baseline_decay < 1.0:  # also refuses NaN
+            problems.append(f"reinforce_baseline_decay={self.reinforce_baseline_decay} must be in [0, 1)")
+        if not 0.0 <= self.reinforce_entropy < math.inf:
+            problems.append(f"reinforce_entropy={self.reinforce_entropy} must be a finite number >= 0 (0 = no bonus)")
+        return problems
 
 
 # Partial overrides of ModelConfig. BERT sizes are those of Google's released BERTs (L, H, A); GPT sizes follow

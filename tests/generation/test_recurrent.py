@@ -33,6 +33,10 @@ MODELS = {
     "rnn-gru-general": lambda: _real_rnn(0),
     "rnn-lstm-additive": lambda: _real_rnn(1, rnn_cell="lstm", attention="additive"),
     "rnn-local-m": lambda: _real_rnn(2, attention_window=1),
+    "rnn-none": lambda: _real_rnn(3, attention="none"),
+    "rnn-local-p-bahdanau": lambda: _real_rnn(4, attention_window=2, attention_alignment="predictive",
+                                              decoder_order="bahdanau"),
+    "rnn-hard-reinforce": lambda: _real_rnn(5, hard_attention=True, hard_attention_estimator="reinforce"),
 }
 
 

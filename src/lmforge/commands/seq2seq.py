@@ -27,7 +27,8 @@ FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "vocab_size": "vocab_size
 
 def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Any setting can also be given as --section.key=value, e.g. --model.attention=additive "
-                "--model.attention_window=3 --decode.beams=8 --train.warmup_steps=1000.")
+                "--model.attention_window=3 --model.attention_alignment=predictive --model.decoder_order=bahdanau "
+                "--decode.beams=8 --train.warmup_steps=1000.")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/headlines-*.toml)")
     p.add_argument("--preset", help="rnn-seq2seq, transformer-base, ... (model sizes: --model.d_model=...)")
     p.add_argument("--tokenizer", metavar="DIR", help="the shared source/target WordPiece tokenizer (default: train "

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.choices import HARD_ATTENTION_ESTIMATORS, LOCAL_ALIGNMENTS
 from lmforge.errors import LmforgeError
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask
 
@@ -33,11 +34,14 @@ __all__ = [
     "KVCache",
     "LocationScore",
     "MultiHeadAttention",
+    "RewardBaseline",
+    "SampledAlignments",
     "ScaledDotScore",
     "attention_weights",
     "make_score",
     "masked_softmax",
     "math_attention",
+    "reinforce_loss",
     "sdpa_attention",
 ]
 
@@ -50,11 +54,16 @@ class AttentionOutput(NamedTuple):
         weights: attention probabilities (B, H, T, S) / (..., Tq, Tk) when requested (``need_weights=True``),
             else None. Taken before attention dropout.
         cache: the KVCache passed in (now extended), or None.
+        log_probs: hard attention trained by REINFORCE, in training only: (..., Tq) log pi(s) of the key s sampled
+            for each query (0 for a fully masked query); else None.
+        entropy: with ``log_probs``, (..., Tq) the entropy of each query's distribution pi over the keys.
     """
 
     output: Tensor
     weights: Tensor | None = None
     cache: KVCache | None = None
+    log_probs: Tensor | None = None
+    entropy: Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -381,8 +390,10 @@ class Attention(nn.Module):
 
     - soft (default): the weights as they are.
     - hard (Xu et al. 2015, "Show, Attend and Tell"): one key is chosen, the argmax at eval, a sample from the
-      weights in training. Deviation: gradients use the straight-through estimator
-      (one_hot + w - w.detach()) instead of the paper's REINFORCE / variational lower bound.
+      weights in training. Its gradient, by ``estimator``: "straight_through" (default; one_hot + w - w.detach(): the
+      value of the sample, the gradient of the soft weights; biased), or "reinforce" (Williams 1992, the paper's
+      estimator): the sample carries no gradient, and the output's ``log_probs`` / ``entropy`` feed
+      ``reinforce_loss``, the score-function surrogate, once the caller knows the reward.
     - global (``window=None``): all keys.
     - local (Luong et al. 2015, section 3.2), ``window=D``: only keys in [p_t - D, p_t + D].
       "monotonic" (local-m): p_t is given (default: the query's index t). "predictive" (local-p):
@@ -403,6 +414,7 @@ class Attention(nn.Module):
         alignment: str = "monotonic",
         d_query: int | None = None,
         d_align: int | None = None,
+        estimator: str = "straight_through",
     ) -> None:
         """
         Args:
@@ -413,14 +425,18 @@ class Attention(nn.Module):
             alignment: 'monotonic' (local-m) or 'predictive' (local-p); only with ``window``.
             d_query: Dq, needed by 'predictive' (the W_p input width).
             d_align: hidden width of the local-p predictor (default Dq).
+            estimator: hard attention's gradient, 'straight_through' or 'reinforce'.
         """
         super().__init__()
         self.score = make_score(score) if isinstance(score, str) else score
         if window is not None and window < 0:
             raise LmforgeError(f"local attention window D must be >= 0; got window={window}")
-        if alignment not in ("monotonic", "predictive"):
-            raise LmforgeError(f"unknown local alignment {alignment!r}; choose one of monotonic, predictive")
-        self.hard, self.window, self.alignment = hard, window, alignment
+        if alignment not in LOCAL_ALIGNMENTS:
+            raise LmforgeError(f"unknown local alignment {alignment!r}; choose one of {', '.join(LOCAL_ALIGNMENTS)}")
+        if estimator not in HARD_ATTENTION_ESTIMATORS:
+            raise LmforgeError(f"unknown hard attention estimator {estimator!r}; choose one of "
+                               f"{', '.join(HARD_ATTENTION_ESTIMATORS)}")
+        self.hard, self.window, self.alignment, self.estimator = hard, window, alignment, estimator
         self.predictor: nn.Sequential | None = None
         if alignment == "predictive":
             if window is None:
@@ -459,7 +475,8 @@ class Attention(nn.Module):
             generator: random generator for hard attention's sampling in training.
 
         Returns:
-            AttentionOutput(output (..., Tq, Dv), weights (..., Tq, Tk) or None, None).
+            AttentionOutput(output (..., Tq, Dv), weights (..., Tq, Tk) or None, None, log_probs (..., Tq) and
+            entropy (..., Tq) with hard attention trained by REINFORCE, else None).
         """
         values = keys if values is None else values
         Tq, Tk = query.shape[-2], keys.shape[-2]
@@ -486,10 +503,13 @@ class Attention(nn.Module):
             sigma = self.window / 2
             s = torch.arange(Tk, device=scores.device, dtype=scores.dtype)
             weights = weights * torch.exp(-((s - centre.unsqueeze(-1)) ** 2) / (2 * sigma**2))  # (..., Tq, Tk)
-        if self.hard:
+        log_probs = entropy = None
+        if self.hard and self.training and self.estimator == "reinforce":
+            weights, log_probs, entropy = self._sample_for_reinforce(weights, generator)
+        elif self.hard:
             weights = self._harden(weights, generator)
         context = weights @ values  # (..., Tq, Dv)
-        return AttentionOutput(context, weights if need_weights else None, None)
+        return AttentionOutput(context, weights if need_weights else None, None, log_probs, entropy)
 
     def _centres(self, query: Tensor, positions: Tensor | int | None, src_len: Tensor | int, Tq: int) -> Tensor:
         if self.predictor is not None:
@@ -512,10 +532,102 @@ class Attention(nn.Module):
         # Straight-through: the value is exactly one_hot (the bracket is exactly 0), the gradient that of weights.
         return one_hot + (weights - weights.detach())
 
+    @staticmethod
+    def _sample_for_reinforce(weights: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+        # weights (..., Tq, Tk) -> one-hot sample (no gradient), log pi(sample) (..., Tq), entropy of pi (..., Tq).
+        # pi is the weights renormalised: local-p's Gaussian-scaled weights sum to < 1.
+        total = weights.sum(-1, keepdim=True)  # (..., Tq, 1)
+        row_valid = total.detach() > 0  # fully masked rows choose nothing
+        probs = weights / total.masked_fill(~row_valid, 1.0)  # (..., Tq, Tk) pi
+        flat = probs.detach().reshape(-1, probs.shape[-1]).masked_fill(~row_valid.reshape(-1, 1), 1.0)
+        index = torch.multinomial(flat, 1, generator=generator).view(*probs.shape[:-1], 1)  # (..., Tq, 1)
+        one_hot = torch.zeros_like(probs).scatter_(-1, index, 1.0) * row_valid  # (..., Tq, Tk)
+        # clamp: log 0 would give 0 * -inf = NaN in the entropy (and its gradient) of keys outside the mask
+        log_pi = probs.clamp_min(torch.finfo(probs.dtype).tiny).log()  # (..., Tq, Tk)
+        log_probs = log_pi.gather(-1, index).squeeze(-1) * row_valid.squeeze(-1)  # (..., Tq)
+        entropy = -(probs * log_pi).sum(-1)  # (..., Tq)
+        return one_hot, log_probs, entropy
+
     def extra_repr(self) -> str:
-        kind = "hard" if self.hard else "soft"
+        kind = f"hard ({self.estimator})" if self.hard else "soft"
         where = "global" if self.window is None else f"local-{self.alignment[0]}, window={self.window}"
         return f"{kind}, {where}"
+
+
+class RewardBaseline(nn.Module):
+    """The moving-average reward baseline of REINFORCE (Williams 1992, "Simple statistical gradient-following
+    algorithms"; Xu et al. 2015, section 4.1, for hard attention): b <- decay * b + (1 - decay) * mean(R).
+
+    The first batch sets b to its mean reward (a baseline of 0 would make every early advantage hugely negative).
+    Buffers ``value`` (b) and ``count`` (batches seen) are saved with the model, so a resumed run goes on exactly.
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        """
+        Args:
+            decay: in [0, 1); 0 = the last batch's mean reward.
+        """
+        super().__init__()
+        if not 0.0 <= decay < 1.0:
+            raise LmforgeError(f"the reward baseline's decay must be in [0, 1); got {decay}")
+        self.decay = decay
+        self.register_buffer("value", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def update(self, rewards: Tensor) -> None:
+        """Fold in one batch of rewards (N,) (an empty batch changes nothing)."""
+        if rewards.numel() == 0:
+            return
+        mean = rewards.detach().to(self.value.dtype).mean()
+        self.value.copy_(mean if int(self.count) == 0 else self.decay * self.value + (1 - self.decay) * mean)
+        self.count += 1
+
+    def extra_repr(self) -> str:
+        return f"decay={self.decay}"
+
+
+class SampledAlignments(NamedTuple):
+    """Hard attention choices sampled for REINFORCE during one teacher-forced pass (what ``reinforce_loss`` needs).
+
+    Attributes:
+        log_probs: (B, T) log pi_t(s_t) of the source position sampled at each target step (with grad).
+        entropy: (B, T) the entropy of each step's attention distribution pi_t (with grad).
+        baseline: the model's RewardBaseline (updated by ``reinforce_loss``).
+        entropy_weight: beta of the entropy bonus (0 = none).
+    """
+
+    log_probs: Tensor
+    entropy: Tensor
+    baseline: RewardBaseline
+    entropy_weight: float = 0.0
+
+
+def reinforce_loss(samples: SampledAlignments, rewards: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The score-function (REINFORCE) surrogate of hard attention, summed over examples; updates the baseline.
+
+    For example b with reward R_b (e.g. log p(y | sampled alignments, x), the negated target NLL) and baseline
+    beta_0: loss_b = -(R_b - beta_0) * sum_t log pi_t(s_t) - beta * sum_t H(pi_t). Its gradient is the REINFORCE
+    estimate of -grad E[R] (the advantage is a constant) plus the entropy bonus (Xu et al. 2015, eq. 12 without
+    their 0.5 chance of using the soft expectation). The baseline is updated after use, with these rewards.
+
+    Args:
+        samples: from a model's forward pass in training.
+        rewards: (B,) one reward per example (no gradient is taken through it).
+        mask: (B, T) True / 1 = a real target step whose choice counts; None = all.
+
+    Returns:
+        A scalar: the surrogate summed over the B examples (its value is not a loss to report).
+    """
+    log_probs, entropy = samples.log_probs, samples.entropy  # (B, T) each
+    if mask is not None:
+        keep = mask.to(torch.bool)
+        log_probs, entropy = log_probs * keep, entropy * keep
+    rewards = rewards.detach().to(log_probs.dtype)  # (B,)
+    advantage = rewards - samples.baseline.value.to(log_probs.dtype)  # (B,)
+    surrogate = -(advantage * log_probs.sum(-1)) - samples.entropy_weight * entropy.sum(-1)  # (B,)
+    samples.baseline.update(rewards)
+    return surrogate.sum()
 
 
 # --------------------------------------------------------------------------------------------------------------
