@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from lmforge.cli import main
 from lmforge.compare import subset
 from tests.toy_tasks import write_sequence
@@ -126,3 +128,71 @@ def test_a_missing_pretrained_model_fails_before_any_run(tmp_path, capsys):
                       '[[approach]]\nname = "ours"\nfamily = "finetune"\nmodel = "@pretrained"\n', encoding="utf-8")
     assert main(["-q", "compare", "--config", str(config)]) == 2
     assert "uses @pretrained" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+PRETRAIN = """
+out = "{out}"
+data = "{data}"
+test_fraction = 0.25
+sizes = [3]
+seeds = [0]
+vocab_size = 120
+max_length = 16
+
+[[pretrain]]
+name = "tiny-mlm"
+preset = "bert-tiny"
+objective = "mlm"
+model = {{ max_seq_len = 16, d_model = 16, n_heads = 2 }}
+data = {{ seq_len = 16 }}
+train = {{ max_steps = 4, batch_size = 4 }}
+
+[[approach]]
+name = "tiny, pretrained here"
+family = "finetune"
+model = "@tiny-mlm"
+lr = 1e-3
+epochs = 1
+min_steps = 2
+task = {{ layer_decay = 0.5 }}
+train = {{ schedule = "cosine" }}
+"""
+
+
+def test_a_model_pretrained_by_the_comparison_is_built_once_timed_and_reused_on_resume(tmp_path, monkeypatch):
+    import lmforge.compare as compare
+
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    config = tmp_path / "compare.toml"
+    config.write_text(PRETRAIN.format(out=tmp_path / "out", data=data), encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config)]) == 0
+    out = tmp_path / "out"
+    model = out / "pretrained" / "tiny-mlm"
+    assert (model / "config.json").is_file() and (model / "metrics.jsonl").is_file()
+    table = (out / "compare.md").read_text()
+    assert "| tiny, pretrained here (pretrained here: " in table
+    assert "Pretrained by lmforge once, on the training texts only" in table
+    assert "tiny-mlm (bert-tiny, objective mlm)" in table
+    run_config = (out / "runs" / "tiny,_pretrained_here-3-0" / "run_config.json").read_text()
+    assert '"layer_decay": 0.5' in run_config and '"schedule": "cosine"' in run_config  # the approach's overrides
+
+    calls = []
+    monkeypatch.setattr(compare, "pretrain_here", lambda *a, **k: calls.append(a) or 1.0)
+    assert main(["-q", "compare", "--config", str(config), "--resume", "--seeds", "0,1"]) == 0
+    assert calls == []  # pretrained before: not again
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (('model = "@tiny-mlm"', 'model = "@nothing"'), "names no [[pretrain]] table"),
+    (('name = "tiny-mlm"', 'name = "minilm"'), "use letters, digits"),
+    (("data = {{ seq_len = 16 }}", 'data = {{ seq_len = 16, objective = "clm" }}'), "data.objective is set by"),
+    (('preset = "bert-tiny"', 'preset = "bert-huge"'), "preset='bert-huge' is not one of"),
+])
+def test_bad_pretrain_tables_fail_before_any_work(tmp_path, capsys, edit, message):
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    config = tmp_path / "compare.toml"
+    text = PRETRAIN.replace(edit[0], edit[1])
+    config.write_text(text.format(out=tmp_path / "out", data=data), encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out" / "pretrained").exists()

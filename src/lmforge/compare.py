@@ -12,8 +12,12 @@ with several ``seeds`` (the seed draws the subset and initialises the model) and
 The results are ``compare.csv`` (one row per run), ``compare.md`` (mean and standard deviation of accuracy and
 macro-F1 per approach and size, and the wall time of each approach) and ``learning_curve.png``.
 
-An approach is a table in the config (``[[approach]]``); ``model`` is a preset name, a model folder, or one of
-``@minilm`` (the embedded MiniLM checkpoint) and ``@pretrained`` (the config's ``pretrained`` folder);
+An approach is a table in the config (``[[approach]]``); ``model`` is a preset name, a model folder, one of
+``@minilm`` (the embedded MiniLM checkpoint) and ``@pretrained`` (the config's ``pretrained`` folder), or
+``@NAME`` for a ``[[pretrain]]`` table of the config: a model that lmforge pretrains once per comparison on the
+training texts, with the comparison's tokenizer (any ``lmforge pretrain`` objective: ``preset``, ``objective`` and
+``model`` / ``data`` / ``train`` overrides), timed and named in the table. ``task`` and ``train`` tables in an
+approach override its ``TaskConfig`` / ``TrainConfig`` (e.g. ULMFiT's ``gradual_unfreezing`` and schedule);
 ``vectors = "word2vec" | "glove"`` initialises the token embeddings from static vectors trained here on the
 training texts split into the tokenizer's word pieces (so every token has a vector).
 
@@ -61,6 +65,8 @@ class Approach:
     epochs: float = 3.0
     min_steps: int = 40
     batch_size: int = 16
+    task: dict[str, Any] = field(default_factory=dict)  # TaskConfig overrides
+    train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -69,6 +75,36 @@ class Approach:
             raise LmforgeError(f"approach {self.name!r}: family={self.family!r} is not one of {', '.join(FAMILIES)}")
         if self.vectors not in ("", "word2vec", "glove"):
             raise LmforgeError(f"approach {self.name!r}: vectors={self.vectors!r} is not word2vec or glove")
+
+
+RESERVED = ("minilm", "pretrained")  # @NAME sources that are not [[pretrain]] tables
+
+
+@dataclass
+class PretrainSpec:
+    """A model pretrained once per comparison on its training texts (``[[pretrain]]``; approaches use ``@name``).
+
+    ``model``, ``data`` and ``train`` override the preset's ``ModelConfig``, the ``DataConfig`` (``seq_len``,
+    masking, ...) and the ``TrainConfig`` (``max_steps``, ``batch_size``, ``lr``, ...) of the pretraining run.
+    """
+
+    name: str = ""
+    preset: str = ""
+    objective: str = "mlm"
+    model: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.preset:
+            raise LmforgeError("every [[pretrain]] needs a name and a preset")
+        if self.name in RESERVED or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise LmforgeError(f"[[pretrain]] name={self.name!r}: use letters, digits, '-' and '_' (not "
+                               f"{' or '.join(RESERVED)}); approaches refer to it as model = \"@{self.name}\"")
+        for key in ("path", "objective"):
+            if key in self.data:
+                raise LmforgeError(f"[[pretrain]] {self.name!r}: data.{key} is set by the comparison (the training "
+                                   f"texts; the table's objective = ...); remove it")
 
 
 @dataclass
@@ -91,6 +127,7 @@ class CompareConfig:
     glove_epochs: int = 30  # GloVe needs many more passes (Pennington et al. ran 50 for under 300 dimensions)
     vectors_window: int = 5
     keep_models: bool = False
+    pretrain: list[PretrainSpec] = field(default_factory=list)
     approach: list[Approach] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -101,6 +138,16 @@ class CompareConfig:
         names = [a.name for a in self.approach]
         if len(set(names)) != len(names):
             raise LmforgeError(f"approach names repeat: {names}")
+        specs = [p.name for p in self.pretrain]
+        if len(set(specs)) != len(specs):
+            raise LmforgeError(f"[[pretrain]] names repeat: {specs}")
+        for approach in self.approach:
+            if approach.model.startswith("@") and approach.model[1:] not in (*RESERVED, *specs):
+                raise LmforgeError(f"approach {approach.name!r}: model={approach.model!r} names no [[pretrain]] table "
+                                   f"(defined: {', '.join(specs) or 'none'}) and is not @minilm or @pretrained")
+
+    def spec(self, name: str) -> PretrainSpec | None:
+        return next((p for p in self.pretrain if p.name == name), None)
 
 
 def compare_config(values: dict[str, Any], where: str) -> CompareConfig:
@@ -177,8 +224,50 @@ def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, di
     return out
 
 
+# ---------------------------------------------------------------------------------------------- pretraining here
+def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work: Path, out: Path,
+                  seed: int) -> float:
+    """Pretrain ``spec`` on ``texts`` (one document each) into the model folder ``out``; returns the seconds.
+
+    The texts are tokenized once into ``work/shards`` (shared by every [[pretrain]] table); an interrupted
+    pretraining continues from its last checkpoint (``resume="auto"``).
+    """
+    from lmforge.config import DataConfig, TrainConfig
+    from lmforge.data.shards import MANIFEST_NAME, prepare_corpus
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer
+
+    shards = work / "shards"
+    if not (shards / MANIFEST_NAME).is_file():
+        docs = work / "texts"
+        docs.mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(texts):
+            (docs / f"{i:06d}.txt").write_text(text + "\n", encoding="utf-8")
+        prepare_corpus(tokenizer_dir, [docs], shards, input_format="documents", workers=1, overwrite=True,
+                       show_progress=False)
+    where = f"[[pretrain]] {spec.name!r}"
+    data = from_dict(DataConfig, {**spec.data, "path": str(shards), "objective": spec.objective},
+                     where=f"{where}: data")
+    train = from_dict(TrainConfig, {"seed": seed, "log_every": 10, **spec.train}, where=f"{where}: train")
+    run = PretrainRun(preset=spec.preset, out=str(out), model=dict(spec.model), data=data, train=train)
+    start = time.perf_counter()
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        trainer = build_trainer(run, resume="auto", progress=False)
+        final = trainer.fit()
+    finally:
+        log.setLevel(level)
+    seconds = time.perf_counter() - start
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("eval_") and isinstance(v, float))
+    log.info("compare: pretrained %s (%s, %s, %d steps) on the training texts in %.1f min%s", spec.name, spec.preset,
+             spec.objective, trainer.step, seconds / 60, f"; held out: {shown}" if shown else "")
+    return seconds
+
+
 # ---------------------------------------------------------------------------------------------- runs
 def _model_source(approach: Approach, config: CompareConfig) -> str:
+    if approach.model.startswith("@") and config.spec(approach.model[1:]) is not None:
+        return str(Path(config.out) / "pretrained" / approach.model[1:])
     if approach.model == "@minilm":
         from lmforge.data.corpora import minilm_dir
 
@@ -194,7 +283,12 @@ def check_sources(config: CompareConfig) -> None:
     """Fail before the first run, not hours into the comparison, when an approach's model cannot be found."""
     from lmforge.config import PRESETS
 
+    for spec in config.pretrain:
+        if spec.preset not in PRESETS:
+            raise LmforgeError(f"[[pretrain]] {spec.name!r}: preset={spec.preset!r} is not one of {', '.join(PRESETS)}")
     for approach in config.approach:
+        if approach.model.startswith("@") and config.spec(approach.model[1:]) is not None:
+            continue  # pretrained by the comparison itself
         source = _model_source(approach, config)
         if approach.model == "@pretrained" and not (Path(source) / "config.json").is_file():
             raise LmforgeError(f"approach {approach.name!r} uses @pretrained = {source!r}, which is not a model folder "
@@ -207,7 +301,7 @@ def check_sources(config: CompareConfig) -> None:
 
 SETUP_KEYS = ("data", "text_column", "label_column", "test_fraction", "split_seed", "max_test", "tokenizer",
               "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "glove_epochs",
-              "vectors_window")
+              "vectors_window", "pretrain")
 CONFIG_NAME, RUNS_NAME = "compare-config.json", "runs.jsonl"
 
 
@@ -275,10 +369,14 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
     source = _model_source(approach, config)
     per_epoch = max(1, math.ceil(n_train / approach.batch_size))
     epochs = max(approach.epochs, approach.min_steps / per_epoch)
-    task = TaskConfig(task="sequence", max_length=config.max_length, freeze=approach.freeze, head_lr=approach.head_lr,
-                      epochs=epochs, init_embeddings=str(vectors[approach.vectors]) if approach.vectors else "")
-    train = TrainConfig(lr=approach.lr, batch_size=approach.batch_size, warmup_ratio=0.1, seed=seed, eps=1e-8,
-                        log_every=10, eval_every=10**9, save_every=10**9, keep_last=1)  # evaluate once, at the end
+    task = from_dict(TaskConfig, {
+        "task": "sequence", "max_length": config.max_length, "freeze": approach.freeze, "head_lr": approach.head_lr,
+        "epochs": epochs, "init_embeddings": str(vectors[approach.vectors]) if approach.vectors else "",
+        **approach.task}, where=f"approach {approach.name!r}: task")
+    train = from_dict(TrainConfig, {
+        "lr": approach.lr, "batch_size": approach.batch_size, "warmup_ratio": 0.1, "seed": seed, "eps": 1e-8,
+        "log_every": 10, "eval_every": 10**9, "save_every": 10**9, "keep_last": 1,  # evaluate once, at the end
+        **approach.train}, where=f"approach {approach.name!r}: train")
     run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
                       preset_options=dict(approach.preset_options), train_file=str(train_file), dev_file=str(test_file),
                       out=str(run_dir), task=task, train=train)
@@ -357,6 +455,16 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
         vector_seconds[kind] = time.perf_counter() - start
         atomic_write_text(seconds_path, json.dumps(vector_seconds) + "\n")
 
+    pretrain_path = out / "pretrained.json"
+    pretrain_seconds: dict[str, float] = (json.loads(pretrain_path.read_text(encoding="utf-8"))
+                                          if pretrain_path.is_file() else {})
+    for name in sorted({a.model[1:] for a in config.approach if config.spec(a.model[1:]) is not None}):
+        if name in pretrain_seconds and (out / "pretrained" / name / "config.json").is_file():
+            continue  # resuming: pretrained before
+        pretrain_seconds[name] = pretrain_here(config.spec(name), train_texts, tokenizer_dir, data_dir / "pretraining",
+                                               out / "pretrained" / name, seed=config.split_seed)
+        atomic_write_text(pretrain_path, json.dumps(pretrain_seconds) + "\n")
+
     runs = [(a, size, seed) for a in config.approach for size in config.sizes for seed in config.seeds]
     results: list[dict[str, Any]] = []
     for approach, size, seed in tqdm(runs, desc="compare", disable=not progress):
@@ -387,10 +495,11 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
     writer.writeheader()
     writer.writerows(results)
     atomic_write_text(out / "compare.csv", buffer.getvalue())
-    atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, len(test_idx)))
+    atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, len(test_idx),
+                                                         pretrain_seconds))
     plot_learning_curve(config, results, out / "learning_curve.png")
-    atomic_write_text(out / "compare.json", json.dumps({"results": results, "vector_seconds": vector_seconds},
-                                                       indent=2) + "\n")
+    atomic_write_text(out / "compare.json", json.dumps({"results": results, "vector_seconds": vector_seconds,
+                                                        "pretrain_seconds": pretrain_seconds}, indent=2) + "\n")
     return {"csv": out / "compare.csv", "md": out / "compare.md", "png": out / "learning_curve.png"}
 
 
@@ -401,7 +510,7 @@ def _summary(values: list[float]) -> str:
 
 
 def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_seconds: dict[str, float],
-                   n_test: int) -> str:
+                   n_test: int, pretrain_seconds: dict[str, float] | None = None) -> str:
     sizes = config.sizes
     head = [f"{s or 'all'}/class" for s in sizes]
     lines = [f"Test accuracy and macro-F1 on {n_test} held-out examples (mean ± standard deviation over seeds "
@@ -417,7 +526,15 @@ def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_
                 values = [r[metric] for r in mine if r["per_class"] == size]
                 cells.append(_summary(values) if values else "")
         seconds = statistics.mean(r["seconds"] for r in mine) if mine else 0.0
-        lines.append(f"| {approach.name} | {FAMILIES[approach.family]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+        name = approach.name
+        spec = config.spec(approach.model[1:]) if approach.model.startswith("@") else None
+        if spec is not None and pretrain_seconds and spec.name in pretrain_seconds:
+            name += f" (pretrained here: {pretrain_seconds[spec.name] / 60:.1f} min)"
+        lines.append(f"| {name} | {FAMILIES[approach.family]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    if pretrain_seconds:
+        lines += ["", "Pretrained by lmforge once, on the training texts only, before the runs: " + "; ".join(
+            f"{s.name} ({s.preset}, objective {s.objective}) {pretrain_seconds[s.name] / 60:.1f} min"
+            for s in config.pretrain if s.name in pretrain_seconds) + "."]
     if vector_seconds:
         lines += ["", "Static vectors trained once on the training texts: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in vector_seconds.items()) + "."]
