@@ -44,6 +44,8 @@ def main() -> int:
     parser.add_argument("--no-repeat-ngram", type=int, default=2,
                         help="the test set is decoded twice: plain beam 4, and beam 4 blocking repeated n-grams")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-headlines"))
+    parser.add_argument("--results", default=None,
+                        help="file name under benchmarks/results (default headlines.json, headlines-quick.json)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 0.2 epochs (of transformer,general unless --variants says otherwise)")
     args = parser.parse_args()
@@ -150,7 +152,7 @@ def main() -> int:
                           f"R-L (no rep. {n})", "steps", "train s", "test decode s"], table, "llrrrrrrrrr"))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    name = "headlines-quick.json" if args.quick else "headlines.json"
+    name = args.results or ("headlines-quick.json" if args.quick else "headlines.json")
     (results / name).write_text(json.dumps({"command": reproduce_command(__file__, sys.argv[1:]), "machine": machine,
                                             "epochs": args.epochs, "test_articles": len(references),
                                             "rows": rows}, indent=2) + "\n")

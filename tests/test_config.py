@@ -2,7 +2,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lmforge.choices import RECURRENT_ARCHITECTURES
+from lmforge.choices import NON_TRANSFORMER_ARCHITECTURES
 from lmforge.config import (
     PRESETS,
     ModelConfig,
@@ -26,7 +26,7 @@ class RunConfig:
 def test_every_preset_builds_and_round_trips():
     for name in PRESETS:
         config = model_config_from_preset(name, vocab_size=99)
-        if config.arch not in RECURRENT_ARCHITECTURES:  # an RNN has no heads to divide d_model between
+        if config.arch not in NON_TRANSFORMER_ARCHITECTURES:  # an RNN has no heads to divide d_model between
             assert config.d_model % config.n_heads == 0
         assert from_dict(ModelConfig, to_dict(config)) == config
 

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 # models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
 # nn.positional, nn.feedforward.ACTIVATIONS
-ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq")
+ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm")
 # the families sized by the RNN fields (rnn_cell, bidirectional, attention); the Transformer fields (n_heads, d_ff,
 # positional, activation, kernel) do not apply to them (lmforge.models: the ``recurrent`` capability)
-RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq")
+RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq", "elmo")
+# the families that are not Transformers (the Transformer fields do not apply): the recurrent ones, ELMo's biLM (always
+# a bidirectional LSTM with projections, sized by d_model, d_cell and n_layers) and the AWD-LSTM (an LSTM sized by
+# d_model, d_hidden and n_layers); rnn_cell / bidirectional / attention do not size these two
+NON_TRANSFORMER_ARCHITECTURES = (*RECURRENT_ARCHITECTURES, "bilm", "awd_lstm")
+# the biLM's token layer (models.elmo): a character CNN over each token's bytes, or a token embedding table
+TOKEN_ENCODERS = ("chars", "embedding")
 RNN_CELLS = ("gru", "lstm")
 ATTENTION_SCORES = ("additive", "dot", "scaled_dot", "general", "cosine", "location")
-# the RNN encoder-decoder's ``attention``: a score, or "none" (no attention: one fixed context vector, Cho et al. 2014)
-RNN_SEQ2SEQ_ATTENTIONS = (*ATTENTION_SCORES, "none")
-# local attention's centre p_t (nn.attention.Attention): local-m (p_t = t) or local-p (predicted, Gaussian-weighted)
-LOCAL_ALIGNMENTS = ("monotonic", "predictive")
-# where the RNN decoder attends (models.rnn_seq2seq): after its step with h_t (Luong) or before it with s_{i-1}
-DECODER_ORDERS = ("luong", "bahdanau")
-# how hard attention's sampled choice gets a gradient (nn.attention.Attention)
-HARD_ATTENTION_ESTIMATORS = ("straight_through", "reinforce")
 # the RNN encoder-decoder's ``attention``: a score, or "none" (no attention: one fixed context vector, Cho et al. 2014)
 RNN_SEQ2SEQ_ATTENTIONS = (*ATTENTION_SCORES, "none")
 # local attention's centre p_t (nn.attention.Attention): local-m (p_t = t) or local-p (predicted, Gaussian-weighted)
@@ -36,7 +34,8 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
 KERNELS = ("math", "sdpa")
 
 # training (TrainConfig): lmforge.training.optim, the Trainer's autocast
-SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt")
+# slanted_triangular: ULMFiT's STLR (Howard & Ruder 2018, eq. 3)
+SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt", "slanted_triangular")
 PRECISIONS = ("fp32", "bf16")
 
 # pretraining data (DataConfig): lmforge.data.masking.mask_tokens

@@ -28,6 +28,7 @@ from lmforge.choices import (
     LOCAL_ALIGNMENTS,
     LONG_TEXT,
     MASKINGS,
+    NON_TRANSFORMER_ARCHITECTURES,
     POSITIONALS,
     PRECISIONS,
     RECURRENT_ARCHITECTURES,
@@ -37,6 +38,7 @@ from lmforge.choices import (
     SPAN_POOLINGS,
     TAG_SCHEMES,
     TASKS,
+    TOKEN_ENCODERS,
     WORD_POOLINGS,
 )
 from lmforge.errors import InputFileError, LmforgeError
@@ -96,6 +98,33 @@ class ModelConfig:
     hard_attention_estimator: str = "straight_through"
     reinforce_baseline_decay: float = 0.9
     reinforce_entropy: float = 0.0
+    # bilm / elmo (ELMo, Peters et al. 2018; lmforge.models.elmo). d_model is the LSTMP projection (each direction's
+    # output) and the token representation width; d_cell the LSTM cell width (None: d_model); the token layer is a
+    # character CNN (d_char, char_filters = [[width, n_filters], ...], n_highway, max_chars_per_token) or an
+    # embedding table; softmax_samples > 0 trains with a sampled softmax of that many negatives (0: full softmax).
+    # elmo (fine-tuning on a frozen biLM): layer-normalise the layers before the scalar mix; task BiLSTM layers.
+    token_encoder: str = "chars"
+    d_cell: int | None = None
+    d_char: int = 16
+    char_filters: list[list[int]] = dataclasses.field(
+        default_factory=lambda: [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]])
+    n_highway: int = 2
+    max_chars_per_token: int = 50
+    softmax_samples: int = 0
+    elmo_layer_norm: bool = False
+    elmo_rnn_layers: int = 1
+    # awd_lstm (AWD-LSTM, Merity et al. 2018; ULMFiT, Howard & Ruder 2018; lmforge.models.awd_lstm): d_model is the
+    # embedding width (= the last LSTM layer's, tied), d_hidden the inner layers' width; the five dropouts (embedding
+    # rows, variational on the input / between layers / on the output, DropConnect on W_hh) default to fastai's
+    # AWD-LSTM classifier config; bptt: the window of BPT3C; bpt3c_grad_len: a document's last tokens that get gradients
+    d_hidden: int = 1150
+    embed_p: float = 0.05
+    input_p: float = 0.4
+    hidden_p: float = 0.3
+    weight_p: float = 0.5
+    output_p: float = 0.4
+    bptt: int = 70
+    bpt3c_grad_len: int = 1440
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -119,7 +148,8 @@ class ModelConfig:
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         recurrent = self.arch in RECURRENT_ARCHITECTURES
-        sizes = ("vocab_size", "d_model", "n_layers", "max_seq_len") + (() if recurrent else ("n_heads", "d_ff"))
+        transformer = self.arch not in NON_TRANSFORMER_ARCHITECTURES
+        sizes = ("vocab_size", "d_model", "n_layers", "max_seq_len") + (("n_heads", "d_ff") if transformer else ())
         for name in sizes:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -128,7 +158,7 @@ class ModelConfig:
                 problems.append(f"{name}={value} is beyond any model lmforge can build (at most {MAX_SIZE[name]:,})")
         if self.n_decoder_layers is not None and not 0 <= self.n_decoder_layers <= MAX_SIZE["n_layers"]:
             problems.append(f"n_decoder_layers={self.n_decoder_layers} must be in [0, {MAX_SIZE['n_layers']:,}]")
-        if not problems and not recurrent and self.d_model % self.n_heads:
+        if not problems and transformer and self.d_model % self.n_heads:
             problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; choose "
                             f"n_heads among the divisors of {self.d_model}")
         for name in ("dropout", "attention_dropout"):
@@ -138,7 +168,7 @@ class ModelConfig:
             problems.append(f"init_std={self.init_std} must be in [0, 10)")
         if not 0.0 < self.layer_norm_eps < 1.0:
             problems.append(f"layer_norm_eps={self.layer_norm_eps} must be in (0, 1)")
-        if (not recurrent and self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
+        if (transformer and self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
                 and self.d_model % self.n_heads == 0 and self.d_head % 2):
             problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
         if self.arch == "encoder" and self.type_vocab_size < 1:
@@ -146,6 +176,8 @@ class ModelConfig:
         if self.attention_window is not None and self.attention_window < 0:
             problems.append(f"attention_window={self.attention_window} must be >= 0 (None = global attention)")
         problems += self._rnn_attention_problems()
+        problems += self._bilm_problems()
+        problems += self._awd_lstm_problems()
         if recurrent and self.bidirectional and self.d_model % 2:
             problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
                             "even d_model")
@@ -153,6 +185,39 @@ class ModelConfig:
             problems.append(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         if problems:
             raise LmforgeError("invalid model config: " + "; ".join(problems))
+
+    def _bilm_problems(self) -> list[str]:
+        """The biLM's token-layer and LSTMP sizes (checked for every family: their defaults are valid)."""
+        problems = []
+        if self.token_encoder not in TOKEN_ENCODERS:
+            problems.append(f"token_encoder={self.token_encoder!r} is not one of {', '.join(TOKEN_ENCODERS)}")
+        for name in ("d_char", "n_highway", "max_chars_per_token", "softmax_samples", "elmo_rnn_layers"):
+            value, low = getattr(self, name), 1 if name in ("d_char", "elmo_rnn_layers") else 0
+            if not isinstance(value, int) or not low <= value <= MAX_SIZE["d_ff"]:
+                problems.append(f"{name}={value!r} must be an integer in [{low}, {MAX_SIZE['d_ff']:,}]")
+        if self.d_cell is not None and not 1 <= self.d_cell <= MAX_SIZE["d_ff"]:
+            problems.append(f"d_cell={self.d_cell} must be in [1, {MAX_SIZE['d_ff']:,}] (None: d_model)")
+        filters = self.char_filters
+        if not filters or not all(isinstance(f, list | tuple) and len(f) == 2 and all(
+                isinstance(x, int) and 1 <= x <= MAX_SIZE["d_ff"] for x in f) for f in filters):
+            problems.append(f"char_filters={filters!r:.80} must be a non-empty list of [width, n_filters] pairs of "
+                            "positive integers")
+        elif isinstance(self.max_chars_per_token, int) and self.max_chars_per_token < max(3, *(w for w, _ in filters)):
+            problems.append(f"max_chars_per_token={self.max_chars_per_token} must be >= 3 (begin, one character, "
+                            f"end) and >= the widest char filter ({max(w for w, _ in filters)})")
+        return problems
+
+    def _awd_lstm_problems(self) -> list[str]:
+        """The AWD-LSTM's sizes and dropouts (checked for every family: their defaults are valid)."""
+        problems = []
+        for name in ("d_hidden", "bptt", "bpt3c_grad_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= MAX_SIZE["d_ff"]:
+                problems.append(f"{name}={value!r} must be an integer in [1, {MAX_SIZE['d_ff']:,}]")
+        for name in ("embed_p", "input_p", "hidden_p", "weight_p", "output_p"):
+            if not 0.0 <= getattr(self, name) < 1.0:  # also refuses NaN
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        return problems
 
     def _rnn_attention_problems(self) -> list[str]:
         """The attention options of the RNN encoder-decoder that contradict each other or the family."""
@@ -205,8 +270,24 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the lectures' RNN models: a BiGRU classifier with attention pooling, and Luong et al.'s (2015) attentional
     # encoder-decoder (bidirectional GRU encoder, "general" score, input feeding)
     "rnn-attn": dict(arch="rnn", n_layers=1, d_model=256, dropout=0.1, type_vocab_size=0),
+    # the AWD-LSTM language model: "awd-lstm" at the sizes of Merity et al. (2018) and ULMFiT (emb 400, hidden 1150,
+    # 3 layers); "awd-lstm-small" trains on a 2-core laptop in minutes (same dropouts)
+    "awd-lstm": dict(arch="awd_lstm", d_model=400, d_hidden=1150, n_layers=3, bidirectional=False,
+                     max_seq_len=1 << 20, type_vocab_size=0),
+    "awd-lstm-small": dict(arch="awd_lstm", d_model=128, d_hidden=256, n_layers=3, bidirectional=False,
+                           max_seq_len=1 << 20, type_vocab_size=0),
     "rnn-seq2seq": dict(arch="rnn_seq2seq", n_layers=1, d_model=256, dropout=0.1, type_vocab_size=0,
                         attention="general", input_feeding=True),
+    # ELMo's biLM (Peters et al. 2018, section 3.4 and the released options file): 2 LSTMP layers of 4096 cells
+    # projected to 512, residual between them; a char CNN with filters (width, count) summing to 2048, 2 highway
+    # layers, 16-dim characters, 50 characters per token. elmo-small trains on a laptop CPU in minutes.
+    "elmo-original": dict(arch="bilm", n_layers=2, d_model=512, d_cell=4096, dropout=0.1, rnn_cell="lstm",
+                          type_vocab_size=0, max_seq_len=1024, token_encoder="chars", d_char=16, n_highway=2,
+                          max_chars_per_token=50,
+                          char_filters=[[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]),
+    "elmo-small": dict(arch="bilm", n_layers=2, d_model=128, d_cell=256, dropout=0.1, rnn_cell="lstm",
+                       type_vocab_size=0, max_seq_len=1024, token_encoder="chars", d_char=16, n_highway=1,
+                       max_chars_per_token=20, char_filters=[[1, 16], [2, 32], [3, 64], [4, 64], [5, 80]]),
 }
 
 
@@ -375,6 +456,8 @@ class TrainConfig:
     warmup_steps: int | None = None
     warmup_ratio: float = 0.01
     min_lr_ratio: float = 0.0
+    stlr_cut_frac: float = 0.1  # schedule slanted_triangular (ULMFiT eq. 3): the fraction of steps that increase
+    stlr_ratio: float = 32.0  # ... and how much smaller the lowest lr is than the peak
     max_grad_norm: float = 1.0
     precision: str = "fp32"
     eval_every: int | None = None  # None: derived by the recipe (fine-tuning: every epoch; else 0 = off)
@@ -418,6 +501,10 @@ class TrainConfig:
             problems.append(f"eps={self.eps} must be positive")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             problems.append(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if not 0.0 < self.stlr_cut_frac < 1.0:
+            problems.append(f"stlr_cut_frac={self.stlr_cut_frac} must be in (0, 1)")
+        if not 1.0 <= self.stlr_ratio < math.inf:
+            problems.append(f"stlr_ratio={self.stlr_ratio} must be a finite number >= 1")
         if self.max_grad_norm < 0:
             problems.append(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0 = no clipping)")
         if self.warmup_steps is not None and self.warmup_steps < 0:
@@ -452,6 +539,7 @@ class DataConfig:
     static: bool = False
     dupe_factor: int = 5
     eval_fraction: float = 0.02
+    variable_bptt: bool = True  # plan "stream" (AWD-LSTM): window lengths drawn around seq_len (Merity et al. 2018)
 
     def __post_init__(self) -> None:
         problems = []
@@ -489,7 +577,9 @@ class TaskConfig:
     ``freeze``: ``none``, ``all`` (the whole backbone: feature extraction), ``embeddings``, or
     ``all-but-last:K`` (only the last K layers, the final norm and the pooler train). ``head_lr`` gives the head
     its own peak learning rate (default: the run's lr); ``layer_decay`` < 1 scales layer l of L by
-    ``layer_decay ** (L + 1 - l)`` (embeddings l = 0; the head and pooler keep 1). ``init_embeddings``: a
+    ``layer_decay ** (L + 1 - l)`` (embeddings l = 0; the head and pooler keep 1; ULMFiT's discriminative fine-tuning
+    is ``layer_decay = 1/2.6``). ``gradual_unfreezing`` (ULMFiT): the first epoch trains only the last layer group
+    (the head), each further epoch one more group, last first (``lmforge.training.unfreeze``). ``init_embeddings``: a
     word2vec-format vectors file whose rows replace the token embeddings of the tokens they name (static
     embeddings as the initialisation of a model trained from scratch; ``freeze = "embeddings"`` keeps them).
     """
@@ -517,6 +607,7 @@ class TaskConfig:
     freeze: str = "none"
     head_lr: float | None = None
     layer_decay: float = 1.0
+    gradual_unfreezing: bool = False  # ULMFiT: epoch 1 trains the head only, each epoch unfreezes one more layer
     epochs: float = 3.0
     dropout: float | None = None
     metric: str | None = None
@@ -548,6 +639,9 @@ class TaskConfig:
             problems.append(f"head_lr={self.head_lr} must be positive")
         if not self.epochs > 0 or not math.isfinite(self.epochs):  # NaN fails every comparison
             problems.append(f"epochs={self.epochs} must be a positive number")
+        if self.gradual_unfreezing and self.freeze != "none":
+            problems.append(f"gradual_unfreezing unfreezes layer groups epoch by epoch; it cannot be combined with "
+                            f"freeze={self.freeze!r} (leave freeze at 'none')")
         if not _valid_freeze(self.freeze):
             problems.append(f"freeze={self.freeze!r} is not one of none, all, embeddings, all-but-last:K (K >= 0)")
         if problems:

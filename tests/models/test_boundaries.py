@@ -16,7 +16,7 @@ import torch
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.models import ARCHITECTURES, architecture
+from lmforge.models import ARCHITECTURES, architecture, architectures_with
 from lmforge.models.decoder import Decoder, DecoderCache
 from lmforge.models.seq2seq import EncoderDecoder, Seq2SeqCache
 from lmforge.nn import StackCache
@@ -86,7 +86,7 @@ def test_a_bool_is_never_a_layer_index(name: str, selection: list) -> None:
         run(model, ids(B, T), output_attentions=selection)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", architectures_with("returns_attention"))  # the others: test_architectures.py
 def test_true_still_means_every_layer_and_false_none(name: str) -> None:
     model = tiny(name)
     with torch.no_grad():

@@ -11,7 +11,7 @@ import argparse
 import logging
 
 from lmforge.choices import MASKINGS, PRECISIONS
-from lmforge.commands.options import LEARNING_RATE, SEED, Count
+from lmforge.commands.options import LEARNING_RATE, SEED, Count, Rate
 from lmforge.errors import LmforgeError
 from lmforge.objectives.registry import OBJECTIVES
 from lmforge.recipes.pretrain import PretrainRun, build_trainer
@@ -25,18 +25,24 @@ FLAGS = {"preset": "preset", "objective": "data.objective", "data": "data.path",
          "out": "out", "max_steps": "train.max_steps", "batch_size": "train.batch_size",
          "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len", "lr": "train.lr",
          "precision": "train.precision", "save_every": "train.save_every", "eval_every": "train.eval_every",
-         "seed": "train.seed", "masking": "data.masking"}
+         "seed": "train.seed", "masking": "data.masking", "init_from": "init_from", "layer_decay": "layer_decay"}
 
 
 def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Any setting can also be given as --section.key=value, e.g. --train.warmup_ratio=0.1 "
                 "--model.dropout=0.0 --data.mask_prob=0.2 (TOML values; strings may be bare).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/*.toml)")
-    p.add_argument("--preset", help="model size: bert-tiny ... bert-large, gpt-nano ... gpt2-small")
+    p.add_argument("--preset", help="model size: bert-tiny ... bert-large, gpt-nano ... gpt2-small, elmo-small, "
+                                         "elmo-original")
     p.add_argument("--objective", choices=list(OBJECTIVES),
                    help="; ".join(f"{name}: {o.description}" for name, o in OBJECTIVES.items()))
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")
     p.add_argument("--tokenizer", metavar="DIR", help="default: the tokenizer saved in the data folder")
+    p.add_argument("--init-from", metavar="RUN", help="start from the weights (and model config) of a finished "
+                   "pretraining run: LM fine-tuning on new text, ULMFiT's stage (b)")
+    p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True), metavar="F",
+                   help="discriminative learning rates: each layer group below the top gets F times its upper "
+                   "neighbour's lr (ULMFiT: 1/2.6 = 0.385)")
     p.add_argument("--out", metavar="DIR", help="the run folder")
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1))
     p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step (all processes together)")

@@ -103,8 +103,9 @@ def _check_seq_len(seq_len: int, minimum: int) -> None:
 
 
 # How pretraining examples are cut from a corpus (``lmforge.data.pretraining``): segment pairs with NSP labels
-# (BERT), packed full sentences (RoBERTa), single contiguous segments (SpanBERT), causal blocks (GPT).
-PLANS = ("nsp", "packed", "segments", "causal")
+# (BERT), packed full sentences (RoBERTa), single contiguous segments (SpanBERT), causal blocks (GPT); "stream":
+# consecutive BPTT windows of one contiguous stream for a stateful LSTM LM (``lmforge.data.lm_stream``, AWD-LSTM).
+PLANS = ("nsp", "packed", "segments", "causal", "stream")
 
 
 class TooFewDocumentsError(LmforgeError):

@@ -22,6 +22,9 @@ the defaults of ``prepare`` and ``context``). ``adapter_for`` picks one for a mo
     EncoderDecoder  ``input_ids`` is the source, encoded once; the decoder starts from ``bos_id``. With the cache:
                     self-attention keys/values grow by one step, cross-attention keys/values are projected once.
                     Without: the whole target prefix is decoded again at every step.
+    AWDLSTM         a recurrent causal LM: the prompt (any padding, re-packed to the right) is read once, each row's
+                    LSTM state taken after its own last token, then one token per step from that state. The state is
+                    the cache, so ``use_cache`` changes nothing; no length limit.
     RNNSeq2Seq, or any model with ``encode(src_ids, src_mask) -> state``, ``decode_step(prev_ids, state) ->
                     (logits, state)`` and ``reorder_state(state, index) -> state``: the recurrent state is the
                     cache, so ``use_cache`` changes nothing.
@@ -39,7 +42,7 @@ from torch import Tensor, nn
 from lmforge.errors import LmforgeError
 
 __all__ = ["DecoderAdapter", "EncoderDecoderAdapter", "GenerationAdapter", "ModelAdapter", "RecurrentAdapter",
-           "adapter_for"]
+           "RecurrentLMAdapter", "adapter_for"]
 
 
 @runtime_checkable
@@ -298,6 +301,40 @@ class RecurrentAdapter(ModelAdapter):
         return self.model.reorder_state(state, index)
 
 
+class RecurrentLMAdapter(ModelAdapter):
+    """A recurrent causal language model (``AWDLSTM``): ``model(ids, attention_mask=, state=)`` returns
+    ``last_hidden_state`` and ``state``, ``model.lm_logits(h)`` the next-token scores, ``model.reorder_state``.
+
+    The prompt is continued (its tokens are the processors' context). Prompts are re-packed so each row's real
+    tokens come first (right padding, which the model reads with packed sequences), and the logits of the first new
+    token are those after each row's own last token.
+    """
+
+    input_name = "prompt"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return input_ids, attention_mask
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Any]:
+        real = (attention_mask != 0).long()
+        order = torch.argsort(1 - real, dim=1, stable=True)  # real tokens first, in their order
+        ids, real = input_ids.gather(1, order), real.gather(1, order)
+        lengths = real.sum(1)  # (B,)
+        out = self.model(ids, attention_mask=None if bool(real.all()) else real)
+        last = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device), lengths - 1]  # (B, D)
+        return self.model.lm_logits(last), out.state
+
+    def step(self, state: Any, next_ids: Tensor) -> tuple[Tensor, Any]:
+        out = self.model(next_ids[:, None], state=state)
+        return self.model.lm_logits(out.last_hidden_state[:, -1]), out.state
+
+    def reorder(self, state: Any, index: Tensor) -> Any:
+        return self.model.reorder_state(state, index)
+
+
 # --------------------------------------------------------------------------------------------------- choice
 def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None) -> GenerationAdapter:
     """The adapter for ``model`` (see the module docstring); an object that is already an adapter is returned.
@@ -307,11 +344,14 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
     """
     if all(callable(getattr(model, name, None)) for name in ("start", "step", "reorder")):
         return model
+    from lmforge.models.awd_lstm import AWDLSTM
     from lmforge.models.decoder import Decoder
     from lmforge.models.seq2seq import EncoderDecoder
 
     if isinstance(model, Decoder):
         return DecoderAdapter(model, use_cache)
+    if isinstance(model, AWDLSTM):
+        return RecurrentLMAdapter(model)
     encoder_decoder = isinstance(model, EncoderDecoder)
     recurrent = all(callable(getattr(model, name, None)) for name in ("encode", "decode_step", "reorder_state"))
     if encoder_decoder or recurrent:
@@ -321,5 +361,5 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
                                "cls_id)")
         return EncoderDecoderAdapter(model, bos_id, use_cache) if encoder_decoder else RecurrentAdapter(model, bos_id)
     raise LmforgeError(f"cannot generate with a {type(model).__name__}: generation needs a Decoder (GPT), an "
-                       "EncoderDecoder, an RNNSeq2Seq (encode/decode_step/reorder_state), or an adapter with "
-                       "start/step/reorder")
+                       "AWDLSTM, an EncoderDecoder, an RNNSeq2Seq (encode/decode_step/reorder_state), or an adapter "
+                       "with start/step/reorder")

@@ -8,6 +8,10 @@ Long texts split into windows (``--long-text chunks``) are classified as one doc
 the batch, ``doc_index`` (R,) maps each row to its document, and the document's logits are the mean of its
 windows' logits. The loss is taken on the document logits, so training and prediction see the same pooling.
 
+The AWD-LSTM (ULMFiT, Howard & Ruder 2018) is classified from its concat pooling [h_T; max; mean] (3D) by
+``ConcatPoolingClassifierHead``: BN -> dropout -> linear -> ReLU, then BN -> dropout -> linear (the family's
+``concat_pooling`` capability chooses it).
+
 Shapes: R rows (windows), B documents, D model dim, C classes.
 """
 
@@ -73,6 +77,46 @@ class SequenceClassificationHead(nn.Module):
         return SequenceClassificationOutput(logits, loss, torch.tensor(labels.shape[0]))
 
 
+class ConcatPoolingClassifierHead(SequenceClassificationHead):
+    """ULMFiT's classifier (Howard & Ruder 2018, section 3.3) over concat pooling h_c = [h_T; max; mean] (3D): two
+    linear blocks with batch normalisation and dropout, BN -> dropout -> linear -> ReLU, then BN -> dropout -> linear.
+
+    Sizes and dropouts follow fastai's text classifier: 50 hidden units, dropout ``output_p`` (0.4) before the first
+    linear layer and 0.1 before the second. The final layer is ``classifier`` (as in the one-layer head), so code that
+    reads ``head.classifier`` sees the class scores' layer. Losses, regression and ``doc_index`` as the parent.
+
+    Args:
+        d_pooled: the pooled width (3 D).
+        labels, regression: as ``SequenceClassificationHead``.
+        dropout: before the first linear layer (ULMFiT / fastai: the encoder's ``output_p``).
+        d_inner: the hidden width (50).
+        inner_dropout: before the last linear layer (0.1).
+    """
+
+    def __init__(self, d_pooled: int, labels: list[str], *, regression: bool = False, dropout: float = 0.4,
+                 d_inner: int = 50, inner_dropout: float = 0.1) -> None:
+        super().__init__(d_inner, labels, regression=regression, dropout=inner_dropout, init_std=None)
+        self.block = nn.Sequential(nn.BatchNorm1d(d_pooled), nn.Dropout(dropout), nn.Linear(d_pooled, d_inner),
+                                   nn.ReLU(), nn.BatchNorm1d(d_inner))
+
+    def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None
+                ) -> SequenceClassificationOutput:
+        # second block's dropout and linear layer are the parent's (self.dropout, self.classifier)
+        x = out.pooled_output  # (R, 3D)
+        if self.training and x.shape[0] == 1:  # the last batch of an epoch may hold one document: batch norm cannot
+            norms = [m for m in self.block if isinstance(m, nn.BatchNorm1d)]  # estimate a variance from one row,
+            for m in norms:  # so that batch uses the running statistics
+                m.eval()
+            try:
+                x = self.block(x)
+            finally:
+                for m in norms:
+                    m.train()
+        else:
+            x = self.block(x)  # (R, d_inner)
+        return super().forward(out._replace(pooled_output=x), labels, doc_index)
+
+
 def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
     """Mean of the rows of each document: (R, C) with ``doc_index`` (R,) in 0..B-1 -> (B, C)."""
     n_docs = int(doc_index.max()) + 1
@@ -97,6 +141,9 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
         raise LmforgeError(f"sequence classification reads the pooled [CLS] vector, which a {config.arch} backbone "
                            f"does not have; use a family that has one: {choices} (a BERT checkpoint is an "
                            "encoder)")
+    if family.concat_pooling:  # ULMFiT: [h_T; max; mean] under two batch-normed linear blocks
+        return ConcatPoolingClassifierHead(backbone.pooled_dim, labels, regression=regression,
+                                           dropout=config.output_p if dropout is None else dropout)
     # BERT draws its classifier from N(0, init_std) like the rest of the model; a family with another scheme (the
     # RNN's uniform init) keeps PyTorch's default for the classifier.
     return SequenceClassificationHead(config.d_model, labels, regression=regression,

@@ -1,5 +1,7 @@
 """One readable file per model family: ``Encoder`` (BERT), ``Decoder`` (GPT), ``EncoderDecoder`` (Transformer),
-``RNNEncoder`` (BiRNN + attention pooling) and ``RNNSeq2Seq`` (attentional RNN encoder-decoder).
+``RNNEncoder`` (BiRNN + attention pooling), ``RNNSeq2Seq`` (attentional RNN encoder-decoder) and ``BiLM`` /
+``ELMoEncoder`` (ELMo's biLM, and its frozen scalar mix under a task BiLSTM), ``AWDLSTM`` (the AWD-LSTM language model,
+ULMFiT's encoder).
 
 Imports are lazy so that importing one family never imports the others, and importing this package imports no
 PyTorch at all (the command line lists and checks families before any model code is needed).
@@ -25,6 +27,9 @@ _WHERE = {
     "EncoderDecoder": "lmforge.models.seq2seq",
     "RNNEncoder": "lmforge.models.rnn_encoder",
     "RNNSeq2Seq": "lmforge.models.rnn_seq2seq",
+    "AWDLSTM": "lmforge.models.awd_lstm",
+    "BiLM": "lmforge.models.elmo",
+    "ELMoEncoder": "lmforge.models.elmo",
     "save_pretrained": "lmforge.models.pretrained",
     "load_pretrained": "lmforge.models.pretrained",
     "load_backbone": "lmforge.models.pretrained",
@@ -63,6 +68,14 @@ class Architecture:
             are initialised the same way; False: the family's own scheme (Xavier, uniform), and heads keep
             PyTorch's default.
         hf_export: the Hugging Face layout ``lmforge convert --to-hf`` writes it as ("bert", "gpt2"), or None.
+        reads_characters: its token layer may spell each vocabulary entry (a character CNN): the model has
+            ``set_vocabulary(tokens)``, which the pretraining recipe calls with the tokenizer's vocabulary (the
+            spelling table is then a buffer saved with the weights).
+        finetune_as: fine-tuning does not put heads on this family directly but on the family named here, built
+            by its class's ``wrap(backbone, **options)`` (ELMo: the biLM is frozen under a scalar mix and a task
+            BiLSTM); None: heads go on the backbone itself.
+        concat_pooling: ``pooled_output`` is ULMFiT's concat pooling [h_T; maxpool; meanpool] (B, 3D; the backbone's
+            ``pooled_dim``), and the sequence head is ULMFiT's two batch-normed linear blocks (Howard & Ruder 2018).
     """
 
     name: str
@@ -80,6 +93,9 @@ class Architecture:
     returns_attention: bool = False
     uses_init_std: bool = False
     hf_export: str | None = None
+    reads_characters: bool = False
+    finetune_as: str | None = None
+    concat_pooling: bool = False
 
     def load(self) -> type:
         """The model class (its module is imported now)."""
@@ -108,6 +124,17 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
     Architecture("rnn_seq2seq", "lmforge.models.rnn_seq2seq", "RNNSeq2Seq", "attentional RNN encoder-decoder",
                  presets="rnn-seq2seq", generates=True, has_encoder_decoder=True, recurrent=True,
                  returns_attention=True),
+    Architecture("bilm", "lmforge.models.elmo", "BiLM",
+                 "ELMo's bidirectional LSTM language model (char-CNN or embedding tokens, LSTMP layers)",
+                 presets="elmo-*", encodes_text=True, reads_characters=True, finetune_as="elmo"),
+    Architecture("elmo", "lmforge.models.elmo", "ELMoEncoder",
+                 "a frozen biLM's scalar mix under a task BiLSTM with attention pooling (ELMo fine-tuning)",
+                 presets="elmo-* (a pretrained biLM folder)", encodes_text=True, has_pooled_output=True,
+                 recurrent=True, returns_attention=True),
+    Architecture("awd_lstm", "lmforge.models.awd_lstm", "AWDLSTM",
+                 "AWD-LSTM language model (weight-dropped LSTM) and ULMFiT document encoder",
+                 presets="awd-lstm*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
+                 concat_pooling=True),
 )}
 
 

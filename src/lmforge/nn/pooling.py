@@ -1,7 +1,8 @@
 """Pooling sub-word vectors into word vectors: by the word's first sub-word, or the mean of its sub-words.
 
 Used by the token-classification head (Devlin et al. 2019 score a word by its first sub-word) and by contextual
-word embeddings (``lmforge.embeddings.contextual``).
+word embeddings (``lmforge.embeddings.contextual``). ``concat_pool``: ULMFiT's document vector [h_T; max; mean]
+(the AWD-LSTM classifier, ``lmforge.models.awd_lstm``).
 
 Shapes: B batch, T sub-word positions, W word slots, L values per position.
 """
@@ -53,3 +54,33 @@ def pool_words(scores: Tensor, word_index: Tensor, n_words: int, how: str = "fir
     summed = scores.new_zeros(B, n_words, L).scatter_add_(
         1, slot.unsqueeze(2).expand(B, T, L), scores.masked_fill(~real.unsqueeze(2), 0.0))  # (B, W, L)
     return summed / counts.clamp(min=1).unsqueeze(2).to(scores.dtype), word_mask
+
+
+def concat_pool(states: Tensor, mask: Tensor | None = None) -> Tensor:
+    """ULMFiT's concat pooling (Howard & Ruder 2018, section 3.3): h_c = [h_T; maxpool(H); meanpool(H)] over each
+    row's real positions, h_T its last real position's state.
+
+    Args:
+        states: (B, T, D) per-position states.
+        mask: (B, T) bool, True = real token (padding may sit anywhere); None = all real. Every row needs at least
+            one real position.
+
+    Returns:
+        (B, 3 D).
+    """
+    B, T, D = states.shape
+    if mask is None:
+        return torch.cat((states[:, -1], states.amax(1), states.mean(1)), dim=-1)
+    if mask.shape != (B, T):
+        raise LmforgeError(f"the mask must be (batch={B}, length={T}) like the states; got {tuple(mask.shape)}")
+    real = mask.unsqueeze(-1)  # (B, T, 1)
+    n = mask.sum(1)  # (B,)
+    if bool((n == 0).any()):
+        raise LmforgeError("concat pooling needs at least one real token in every row; a row of the batch is "
+                           "all padding")
+    positions = torch.arange(T, device=states.device).expand(B, T)
+    last = positions.masked_fill(~mask, -1).amax(1)  # (B,) the last real position
+    h_last = states[torch.arange(B, device=states.device), last]  # (B, D)
+    h_max = states.masked_fill(~real, float("-inf")).amax(1)  # (B, D)
+    h_mean = states.masked_fill(~real, 0.0).sum(1) / n.unsqueeze(-1).to(states.dtype)  # (B, D)
+    return torch.cat((h_last, h_max, h_mean), dim=-1)

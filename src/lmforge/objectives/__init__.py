@@ -10,6 +10,7 @@ from typing import Any
 _WHERE = {
     "ObjectiveOutput": "lmforge.objectives.base",
     "CausalLMObjective": "lmforge.objectives.causal_lm",
+    "AWDLMObjective": "lmforge.objectives.awd_lm",
     "MaskedLMObjective": "lmforge.objectives.masked_lm",
     "Seq2SeqObjective": "lmforge.objectives.seq2seq",
     "OBJECTIVES": "lmforge.objectives.registry",

@@ -98,3 +98,27 @@ register_objective(PretrainingObjective(
 register_objective(PretrainingObjective(
     "clm", "GPT (Radford et al. 2018): causal LM on contiguous blocks", arch="decoder", plan="causal",
     head=None, masking=None, loss=_causal_lm))
+
+
+def _bilm(data: Any) -> Callable:
+    from lmforge.objectives.bilm import BiLMObjective
+
+    return BiLMObjective()
+
+
+register_objective(PretrainingObjective(
+    "bilm", "ELMo (Peters et al. 2018): forward + backward LSTM LMs on contiguous blocks", arch="bilm",
+    plan="causal", head=None, masking=None, loss=_bilm))
+
+
+def _awd_lm(data: Any) -> Callable:
+    from lmforge.objectives.awd_lm import AWDLMObjective
+
+    return AWDLMObjective()
+
+
+# Its own entry rather than "clm": the family (awd_lstm), the data plan (a stream read in consecutive windows, not
+# independent blocks) and the loss (which carries the LSTM state from batch to batch) all differ.
+register_objective(PretrainingObjective(
+    "awd_lm", "AWD-LSTM / ULMFiT (Merity et al. 2018; Howard & Ruder 2018): LSTM LM, stateful truncated BPTT",
+    arch="awd_lstm", plan="stream", head=None, masking=None, loss=_awd_lm))

@@ -58,13 +58,13 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
 
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
     path = Path(source)
-    if path.is_dir() and preset_options:
-        shown = ", ".join(f"--model.{k}" for k in preset_options)
-        raise LmforgeError(f"model settings ({shown}) only apply when --model is a preset name, not a folder "
-                           f"({source})")
     if path.is_dir():
         loaded = load_backbone(path)
         backbone, config = loaded.model, loaded.config
+        if preset_options and not architecture(config.arch).finetune_as:  # a wrapping family takes its options
+            shown = ", ".join(f"--model.{k}" for k in preset_options)
+            raise LmforgeError(f"model settings ({shown}) only apply when --model is a preset name, not a folder "
+                               f"({source})")
         tokenizer = tokenizer or loaded.tokenizer
         if tokenizer is None:
             raise InputFileError(f"{path}: the model folder has no tokenizer (vocab.txt); pass --tokenizer DIR "
@@ -79,6 +79,13 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
         backbone = build_backbone(config)
     else:
         raise LmforgeError(f"--model {source}: not a folder and not a preset name (presets: {', '.join(PRESETS)})")
+    family = architecture(config.arch)
+    if family.finetune_as:  # ELMo: the pretrained biLM frozen under a scalar mix and a task BiLSTM
+        if not path.is_dir() and family.reads_characters:
+            backbone.set_vocabulary([token or "" for token in tokenizer.ids_to_tokens])
+        options = (preset_options or {}) if path.is_dir() else {}
+        backbone = architecture(family.finetune_as).load().wrap(backbone, **options)
+        config = backbone.config
     # Fine-tuning heads read per-token hidden states (and the sequence head the pooled output, which
     # build_sequence_head checks): a generator has neither.
     if not architecture(config.arch).encodes_text:
@@ -190,10 +197,17 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     scales = lr_scales(model, lr=run.train.lr, head_lr=run.task.head_lr, layer_decay=run.task.layer_decay)
     log.info("%s: %d training examples -> %d features, %d labels, %d steps (%d per epoch)", run.task.task,
              len(train_examples), len(train_features), len(task.labels), run.train.max_steps, per_epoch)
+    callbacks = {}
+    if run.task.gradual_unfreezing:  # ULMFiT: one more layer group (last first) per epoch
+        from lmforge.training.unfreeze import GradualUnfreezing
+
+        callbacks["unfreezing"] = GradualUnfreezing(model, steps_per_stage=per_epoch)
+        log.info("gradual unfreezing: %d layer groups, one more every %d steps (an epoch)",
+                 len(callbacks["unfreezing"].groups), per_epoch)
     trainer = Trainer(model, TaskObjective(task), data, run.train, run.out,
                       tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
                       progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
-                      lr_scales=scales)
+                      lr_scales=scales, callbacks=callbacks, run_kind=f"finetune (task {run.task.task})")
     return trainer, task
 
 

@@ -28,11 +28,21 @@ PRETRAIN_STEPS = 1000  # train.max_steps when the run does not set it
 
 @dataclass
 class PretrainRun:
-    """Everything one pretraining run needs. ``model`` holds overrides of the preset's ModelConfig."""
+    """Everything one pretraining run needs. ``model`` holds overrides of the preset's ModelConfig.
+
+    ``init_from``: a model folder (a finished pretraining run) whose weights and model config the run starts from,
+    instead of a new model of ``preset``: language-model fine-tuning on new text (ULMFiT's stage (b)); ``model``
+    overrides still apply (e.g. other dropouts), the sizes must stay. Its tokenizer is the default one, and the
+    corpus must be prepared with it (``lmforge data prepare --tokenizer RUN``). ``layer_decay`` < 1: discriminative
+    learning rates (ULMFiT: 1/2.6), layer group l of L gets ``lr * layer_decay ** (L + 1 - l)`` (embeddings l = 0,
+    layer i at l = i + 1, the LM head at L + 1; ``lmforge.training.freeze.lr_scales``).
+    """
 
     preset: str = "bert-mini"
     out: str = ""
     tokenizer: str = ""
+    init_from: str = ""
+    layer_decay: float = 1.0
     model: dict[str, Any] = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -50,7 +60,9 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
     from lmforge.objectives.registry import get_objective
 
     objective = get_objective(run.data.objective)
-    config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size})
+    start = _start_model(run, vocab_size)
+    config = start.config if start is not None else \
+        model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size})
     # An objective names the one family it trains (its head and data plan are made for it), so this compares
     # families rather than asking a capability.
     if config.arch != objective.arch:
@@ -62,15 +74,59 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
                            "lower --seq-len or raise --model.max_seq_len")
     torch.manual_seed(run.train.seed)  # a reproducible initialisation
     backbone = build_backbone(config)  # after checking that it fits in memory
+    if start is not None:
+        backbone.load_state_dict(start.model.state_dict())
+        log.info("starting from the weights of %s", run.init_from)
     head = objective.head_spec(run.data)
     if head is None:
         return backbone, config, None
     return TaskModel(backbone, build_head(head, config, backbone)), config, head
 
 
+def _start_model(run: PretrainRun, vocab_size: int):
+    """``init_from``'s backbone and its config with the run's ``model`` overrides (None without ``init_from``)."""
+    from lmforge.config import ModelConfig
+    from lmforge.models.pretrained import load_backbone
+
+    if not run.init_from:
+        return None
+    if not Path(run.init_from).is_dir():
+        raise LmforgeError(f"--init-from {run.init_from}: not a folder; give the folder of a finished pretraining run "
+                           "(it holds config.json and model.safetensors)")
+    loaded = load_backbone(run.init_from)
+    values = {**to_dict(loaded.config), **run.model}
+    config = from_dict(ModelConfig, values, where=f"--init-from {run.init_from} with the run's model settings")
+    sizes = [k for k in ("arch", "vocab_size", "d_model", "n_layers", "d_hidden", "d_ff", "n_heads")
+             if getattr(config, k) != getattr(loaded.config, k)]
+    if sizes:
+        raise LmforgeError(f"--init-from {run.init_from}: the run's model settings change {', '.join(sizes)}; "
+                           "weights can only be continued at the same sizes (change dropouts only)")
+    if vocab_size != config.vocab_size:
+        raise LmforgeError(f"--init-from {run.init_from}: its embedding has {config.vocab_size} rows but the "
+                           f"tokenizer {vocab_size} tokens; prepare the corpus with the run's own tokenizer "
+                           f"(lmforge data prepare --tokenizer {run.init_from})")
+    loaded.config = config
+    return loaded
+
+
+def run_kind(run: PretrainRun) -> str:
+    """What a pretraining run is, for the Trainer's resume check: the objective, and where the weights start."""
+    start = f"starting from {run.init_from}" if run.init_from else "from scratch"
+    return f"pretrain (objective {run.data.objective}, {start})"
+
+
+def give_vocabulary(backbone, config, tokenizer) -> None:
+    """A family whose token layer spells the vocabulary (ELMo's char CNN) gets the tokenizer's entries in id order."""
+    from lmforge.models import architecture
+
+    if architecture(config.arch).reads_characters:
+        backbone.set_vocabulary([token or "" for token in tokenizer.ids_to_tokens])
+
+
 def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = False, progress: bool = True):
     """Everything of a pretraining run up to the Trainer: tokenizer, data, model, objective."""
     from lmforge.data.instances import TooFewDocumentsError
+    from lmforge.data.lm_stream import LMStreamData
     from lmforge.data.pretraining import PretrainingData
     from lmforge.data.shards import ShardedCorpus
     from lmforge.objectives.registry import get_objective
@@ -83,15 +139,19 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
                if getattr(run.train, k) is None}
     if changes:  # what pretraining derives: a fixed number of steps, no evaluation or checkpoint unless asked
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
-    tokenizer_dir = Path(run.tokenizer) if run.tokenizer else Path(run.data.path) / "tokenizer"
-    check_not_input(run.out, [run.data.path, run.tokenizer])
+    if not 0.0 < run.layer_decay <= 1.0:
+        raise LmforgeError(f"layer_decay={run.layer_decay} must be in (0, 1] (ULMFiT's discriminative rates: 1/2.6)")
+    tokenizer_dir = Path(run.tokenizer) if run.tokenizer else \
+        Path(run.init_from) if run.init_from else Path(run.data.path) / "tokenizer"
+    check_not_input(run.out, [run.data.path, run.tokenizer, run.init_from])
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
     corpus = ShardedCorpus(run.data.path, tokenizer)
     info = init_distributed()
 
     def data(split: str) -> PretrainingData:
         objective = get_objective(run.data.objective)
-        return PretrainingData(corpus, run.data, tokenizer, plan=objective.plan,
+        kind = LMStreamData if objective.plan == "stream" else PretrainingData  # the plans of a stateful LM
+        return kind(corpus, run.data, tokenizer, plan=objective.plan,
                                masking=objective.masking_for(run.data), split=split, seed=run.train.seed,
                                rank=info.rank, world_size=info.world_size)
 
@@ -106,7 +166,14 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": fallback})
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
-    model, _, _ = build_pretraining_model(run, tokenizer.vocab_size)  # its config and head travel with it
+    model, config, _ = build_pretraining_model(run, tokenizer.vocab_size)  # its config and head travel with it
+    give_vocabulary(getattr(model, "backbone", model), config, tokenizer)
     objective = get_objective(run.data.objective).loss(run.data)
+    scales = None
+    if run.layer_decay < 1.0:
+        from lmforge.training.freeze import lr_scales
+
+        scales = lr_scales(model, lr=run.train.lr, layer_decay=run.layer_decay)
     return Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, tokenizer=tokenizer,
-                   run_config=to_dict(run), resume=resume, overwrite=overwrite, progress=progress)
+                   run_config=to_dict(run), resume=resume, overwrite=overwrite, progress=progress,
+                   lr_scales=scales, run_kind=run_kind(run))

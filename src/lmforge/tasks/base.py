@@ -29,7 +29,7 @@ Feature = dict[str, Any]
 
 # TaskConfig fields every task reads; fields only the training run reads (never saved with the model)
 COMMON_OPTIONS = ("task", "max_length", "dropout", "metric")
-TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "epochs", "init_embeddings")
+TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "gradual_unfreezing", "epochs", "init_embeddings")
 
 
 class Task:

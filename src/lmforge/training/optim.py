@@ -88,13 +88,21 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
     - ``constant``: 1;
     - ``inverse_sqrt`` (Vaswani et al., 2017, section 5.3, normalised to peak 1): ``min(step / W, sqrt(W / step))``,
       floored at r; with W = 0, ``1 / sqrt(step)``.
+    - ``slanted_triangular`` (ULMFiT's STLR, Howard & Ruder 2018, eq. 3; no separate warm-up, ``min_lr_ratio`` unused):
+      with T = N, cut = floor(T * cut_frac), t = step,
+      ``p = t / cut`` for t < cut, else ``1 - (t - cut) / (cut * (1 / cut_frac - 1))``, and the factor
+      ``(1 + p (ratio - 1)) / ratio`` (``cut_frac = stlr_cut_frac`` 0.1, ``ratio = stlr_ratio`` 32): a short linear
+      rise from 1/ratio to the peak at update ``cut``, then a long linear decay back to about 1/ratio at update T;
+      floored at 1/ratio past T (and for cut = 0, where the rise is skipped).
 
     The decay counts completed updates (as Hugging Face's schedules do), so no update runs at lr 0: the first one
     uses ``lr / W`` (or the peak without warm-up), the last one ``r + (1 - r) / (N - W)`` for ``linear``, and the
     factor would reach r at update N + 1. Past N the linear and cosine factors stay at r.
     """
-    warmup, total, floor = config.warmup(), config.max_steps, config.min_lr_ratio
     step = max(step, 1)
+    if config.schedule == "slanted_triangular":
+        return slanted_triangular(step, config.max_steps, config.stlr_cut_frac, config.stlr_ratio)
+    warmup, total, floor = config.warmup(), config.max_steps, config.min_lr_ratio
     if config.schedule == "inverse_sqrt":
         return max(floor, min(step / warmup, math.sqrt(warmup / step)) if warmup else 1.0 / math.sqrt(step))
     if step <= warmup:
@@ -107,6 +115,19 @@ def lr_multiplier(step: int, config: TrainConfig) -> float:
     if config.schedule == "cosine":
         return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown schedule {config.schedule!r}")  # TrainConfig validates it; internal invariant
+
+
+def slanted_triangular(t: int, total: int, cut_frac: float = 0.1, ratio: float = 32.0) -> float:
+    """STLR's factor of the peak lr at iteration ``t`` of ``total`` (Howard & Ruder 2018, eq. 3; see
+    ``lr_multiplier``)."""
+    cut = math.floor(total * cut_frac)
+    if t < cut:
+        p = t / cut
+    elif cut == 0:
+        p = max(0.0, 1.0 - t / max(total, 1))
+    else:
+        p = max(0.0, 1.0 - (t - cut) / (cut * (1.0 / cut_frac - 1.0)))
+    return (1.0 + p * (ratio - 1.0)) / ratio
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> LambdaLR:

@@ -24,9 +24,10 @@ has ``predicted_tokens``, that term's items summed over the logging interval (al
 
 **Evaluation** (every ``eval_every`` steps and at the end): up to ``eval_batches`` micro-batches of the eval data per
 process, in eval mode without gradients; reports ``eval_loss``, ``eval_loss_<term>``, ``eval_ppl_<term>`` =
-exp(loss) for terms named ``lm``, ``clm`` or ``mlm``, and ``eval_<metric>``. The global RNG state is restored
-afterwards, so evaluating never changes the training run. ``eval_data.batches`` must give the same batches on every
-call (its position is not checkpointed).
+exp(loss) for terms named ``lm``, ``clm`` or ``mlm``, and ``eval_<metric>`` (a metric ``<x>_nll``, a per-token NLL
+such as the biLM's ``forward_nll``, is also reported as ``<x>_ppl`` = its exp, in training records too). The global
+RNG state is restored afterwards, so evaluating never changes the training run. ``eval_data.batches`` must give the
+same batches on every call (its position is not checkpointed).
 
 **Data**: ``train_data.batches(micro_batch_size)`` yields dicts of tensors (already this process's shard); when the
 iterator ends, ``batches`` is called again for the next epoch. ``state_dict()`` describes the position after the
@@ -98,6 +99,8 @@ log = logging.getLogger("lmforge")
 RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "keep_last",
                      "tensorboard", "device")
 PERPLEXITY_TERMS = ("lm", "clm", "mlm")
+# a metric named ``<x>_nll`` (a per-token negative log-likelihood) is also reported as ``<x>_ppl`` = exp of it
+NLL_SUFFIX, PPL_SUFFIX = "_nll", "_ppl"
 PLOT_INTERVAL_S = 30.0
 
 
@@ -187,6 +190,12 @@ def _add_pairs(target: dict[str, list[Any]], pairs: dict[str, tuple[Any, Any]]) 
         pair[1] += _number(count)
 
 
+def _perplexities(record: dict[str, Any]) -> dict[str, float]:
+    """``<x>_ppl`` = exp(``<x>_nll``) for every per-token NLL metric of ``record``."""
+    return {k[:-len(NLL_SUFFIX)] + PPL_SUFFIX: math.exp(min(v, 700.0)) for k, v in record.items()
+            if k.endswith(NLL_SUFFIX) and isinstance(v, float)}
+
+
 class Trainer:
     """Train ``model`` on ``objective`` over ``train_data`` as ``config`` says, recording into ``out_dir``.
 
@@ -210,6 +219,11 @@ class Trainer:
         select: keep the best model by this eval metric (``"f1"``; ``"-eval_loss"`` to minimise): whenever an
             evaluation improves on it, the model is saved to ``out_dir/best``; at the end the final model and
             ``eval_results.json`` in ``out_dir`` are those of the best evaluation.
+        callbacks: name -> a component with ``before_step(step)`` (called before every optimizer update with the
+            number of completed updates, e.g. ``lmforge.training.unfreeze.GradualUnfreezing``) and
+            ``state_dict`` / ``load_state_dict``: saved in checkpoints beside the optimizer and restored on resume.
+        run_kind: what this run is (e.g. "pretrain awd_lm from scratch", "finetune sequence"); saved in checkpoints,
+            and resuming from a checkpoint of another kind is refused with a message naming both.
 
     Raises:
         LmforgeError: a batch split that does not divide, an ``out_dir`` holding another run, a checkpoint whose
@@ -221,7 +235,8 @@ class Trainer:
                  head: dict[str, Any] | None = None, tokenizer: Any = None, run_config: dict[str, Any] | None = None,
                  resume: str | Path = "never", overwrite: bool = False, progress: bool = True,
                  evaluator: Callable[[nn.Module], dict[str, float]] | None = None, select: str | None = None,
-                 lr_scales: dict[str, float] | None = None) -> None:
+                 lr_scales: dict[str, float] | None = None, callbacks: dict[str, Any] | None = None,
+                 run_kind: str | None = None) -> None:
         self.dist = dist.init_distributed()
         self.config = config = _settled(config)
         self.out_dir = Path(out_dir)
@@ -229,6 +244,7 @@ class Trainer:
         self.tokenizer, self.run_config, self.progress = tokenizer, run_config, progress
         self.evaluator, self.select = evaluator, select
         self.tracker = BestTracker(select)  # the best evaluation so far
+        self.callbacks, self.run_kind = dict(callbacks or {}), run_kind
         self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
         self.device = resolve_device(config.device, self.dist)
         self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
@@ -254,7 +270,7 @@ class Trainer:
     # Saved and restored as a whole by checkpoints: each gives and takes its own state (lmforge.training.state).
     def stateful_components(self) -> dict[str, Stateful]:
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "progress": self.progress_state,
-                "best": self.tracker}
+                "best": self.tracker, **self.callbacks}
 
     # The loop reads and writes the run's progress under these names.
     step = property(lambda self: self.progress_state.step, lambda self, v: setattr(self.progress_state, "step", v))
@@ -299,6 +315,15 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         state = ckpt.load_trainer_state(path)
+        theirs = state.get("run_kind")
+        if theirs is not None and self.run_kind is not None and theirs != self.run_kind:
+            raise LmforgeError(f"cannot resume from {path}: it is a checkpoint of another kind of run ({theirs}), "
+                               f"this run is {self.run_kind}; give this stage its own --out folder (or --overwrite)")
+        missing = [name for name in self.stateful_components() if name not in state["components"]]
+        if missing:
+            raise LmforgeError(f"cannot resume from {path}: the checkpoint has no {', '.join(missing)} state (it was "
+                               "written by a run with other training components); give this run its own --out "
+                               "folder (or --overwrite)")
         problems = ckpt.config_differences(state.get("train_config"), to_dict(self.config),
                                            allowed=RESUMABLE_CHANGES)
         problems += ckpt.config_differences(state.get("model_config"),
@@ -395,6 +420,8 @@ class Trainer:
 
     def _train_step(self) -> tuple[float, float]:
         """One optimizer step over ``accumulation`` micro-batches; returns (loss, lr used)."""
+        for callback in self.callbacks.values():
+            callback.before_step(self.step)
         micro = [self._next_batch() for _ in range(self.accumulation)]
         local_counts: dict[str, float] = {}
         for batch in micro:
@@ -497,6 +524,7 @@ class Trainer:
         record: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / n}
         record.update({f"loss_{t}": v / n for t, v in sorted(w["terms"].items())})
         record.update({name: s / c if c else 0.0 for name, (s, c) in sorted(w["metrics"].items())})
+        record.update(_perplexities(record))
         record.update({"lr": lr, "grad_norm": w["grad_norm"] / n, "tokens_per_s": self._throughput(),
                        "tokens": self.tokens, "elapsed_s": self._elapsed()})
         if "predicted_tokens" in w:  # this interval's predicted (e.g. masked) tokens, next to the running tokens
@@ -543,6 +571,7 @@ class Trainer:
                     result[f"eval_ppl_{term}"] = math.exp(min(result[f"eval_loss_{term}"], 700.0))
             else:
                 result[f"eval_{name}"] = total / count if count else 0.0
+        result.update(_perplexities(result))
         return result
 
     @property
@@ -596,6 +625,7 @@ class Trainer:
             components["progress"]["elapsed_s"] = self._elapsed()  # the time trained so far, this session included
             state = {"step": self.step, "world_size": self.dist.world_size, "components": components,
                      "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
+                     "run_kind": self.run_kind,
                      "model_config": to_dict(self.model_config) if self.model_config else None}
             ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
                                  head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)

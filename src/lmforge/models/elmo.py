@@ -1,0 +1,301 @@
+"""ELMo: a bidirectional LSTM language model (``BiLM``, arch "bilm") and the task encoder that fine-tunes on its frozen
+layers (``ELMoEncoder``, arch "elmo").
+
+Peters et al. 2018, "Deep contextualized word representations" (NAACL); the biLM follows Jozefowicz et al. 2016,
+"Exploring the Limits of Language Modeling" (char-CNN inputs, LSTM with projection) as ELMo does.
+
+Shape legend: B batch, T tokens, C characters per token, D projection width (d_model), Dc LSTM cell width (d_cell),
+V vocabulary, L LSTM layers.
+
+``BiLM``::
+
+    input_ids (B, T) ──► token layer x_k: char CNN over the spelled token (chars[input_ids]: (B, T, C)) + highway
+                         + projection, or an embedding table                                   (B, T, D)
+       forward LM:   L x LSTMP (cells Dc, projection D), left to right, residual from layer 2 on   f_{k,j} (B, T, D)
+       backward LM:  L x LSTMP, right to left (each row's real tokens reversed), residual likewise  b_{k,j} (B, T, D)
+       layers (what ELMo mixes): h_{k,0} = [x_k; x_k], h_{k,j} = [f_{k,j}; b_{k,j}]            L + 1 x (B, T, 2D)
+       language models: p(t_{k+1} | t_1..t_k)  = softmax(W f_{k,L} + b)
+                        p(t_{k-1} | t_k..t_N)  = softmax(W b_{k,L} + b)     one token layer, ONE softmax (W, b)
+                                                                           shared by the two directions
+
+So the forward state at k depends on tokens <= k only and the backward state on tokens >= k only: the two LMs never
+see the token they predict. The loss (``lm_loss=True``) is the summed negative log-likelihood of each direction over
+the real targets (the objective averages the two, section 3.1's joint log-likelihood); the full softmax, or with
+``softmax_samples`` > 0 a sampled softmax during training (Jean et al. 2015; uniform negatives shared by the batch,
+accidental hits removed; evaluation always uses the full softmax).
+
+``ELMoEncoder`` (fine-tuning, section 3.3): the biLM frozen (no gradient, eval mode), its L + 1 layers mixed by a
+learned ``ScalarMix`` (ELMo_k = gamma sum_j s_j h_{k,j}), then a task BiLSTM (width D) and attention pooling: the
+token head reads its states, the sequence head the pooled vector.
+
+Deviations from the paper, named:
+    - tokens are the tokenizer's word pieces (ELMo: whole words); the char CNN spells each piece (``##`` included).
+    - no cell/projection clipping (bilm-tf clips both at 3): ``nn.LSTM``'s fused LSTMP cannot, and small models train
+      without it.
+    - each training block starts from zero LSTM states (bilm-tf carries states across batches).
+    - the task BiLSTM reads ELMo_k alone; the paper concatenates it with the task's own token vector x_k (here the
+      biLM's own token layer is already in the mix as layer 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig, from_dict, to_dict
+from lmforge.errors import LmforgeError
+from lmforge.nn.char_cnn import CharCNN, spell_tokens
+from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.rnn import AttentionPooling, StackedRNN, compact_padding
+from lmforge.nn.scalar_mix import ScalarMix
+
+__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder"]
+
+
+class BiLMOutput(NamedTuple):
+    """What ``BiLM.forward`` returns: the fields of ``EncoderOutput`` (so embedding and fine-tuning code reads it the
+    same way), then the language-model sums.
+
+    Attributes:
+        last_hidden_state: (B, T, 2D) the top layer [f_L; b_L], 0 at padding.
+        pooled_output: None (a biLM has no sentence vector).
+        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, 2D): [x; x], then [f_j; b_j].
+        attentions: None (``ELMoEncoder``: the pooling weights when asked).
+        forward_nll, backward_nll: with ``lm_loss``, each direction's NLL summed over its targets (fp32 scalars).
+        n_predictions: with ``lm_loss``, the number of targets of each direction (the same for both).
+    """
+
+    last_hidden_state: Tensor
+    pooled_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+    forward_nll: Tensor | None = None
+    backward_nll: Tensor | None = None
+    n_predictions: Tensor | None = None
+
+
+def _lstm(d_in: int, d_cell: int, d_out: int) -> nn.LSTM:
+    """One LSTM layer with a projection (LSTMP, Sak et al. 2014) when the cell is wider than the output."""
+    return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=d_out if d_cell > d_out else 0)
+
+
+class BiLM(nn.Module):
+    """ELMo's biLM (Peters et al. 2018, section 3.1; Jozefowicz et al. 2016): see the module docstring.
+
+    Config fields used: ``vocab_size``, ``d_model`` (D), ``d_cell`` (Dc, >= D; None = D: no projection),
+    ``n_layers`` (L), ``dropout`` (on every LSTM layer's input and on the top states before the softmax),
+    ``token_encoder``, ``d_char``, ``char_filters``, ``n_highway``, ``max_chars_per_token``, ``pad_token_id``,
+    ``softmax_samples``. The LSTM is always an LSTM (``rnn_cell`` is the task BiLSTM's cell under ``ELMoEncoder``).
+
+    State-dict keys: ``embeddings.*`` (the char CNN, or ``embeddings.weight`` (V, D)), ``token_chars`` (V, C) int16
+    (chars only: the spelling of every vocabulary entry, filled by ``set_vocabulary``),
+    ``layers.{l}.forward_lstm.*`` and ``layers.{l}.backward_lstm.*`` (one ``nn.LSTM`` each), ``softmax.weight``
+    (V, D) / ``softmax.bias`` (V,).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        D, V = config.d_model, config.vocab_size
+        d_cell = config.d_cell or D
+        if d_cell < D:
+            raise LmforgeError(f"d_cell={d_cell} is narrower than the projection d_model={D}; an LSTMP projects its "
+                               "cell down, so use d_cell >= d_model")
+        self.chars = config.token_encoder == "chars"
+        if self.chars:
+            self.embeddings: nn.Module = CharCNN(config.d_char, config.char_filters, config.n_highway, D)
+            self.register_buffer("token_chars", torch.zeros(V, config.max_chars_per_token, dtype=torch.int16))
+        else:
+            self.embeddings = nn.Embedding(V, D, padding_idx=config.pad_token_id)
+        self.layers = nn.ModuleList(nn.ModuleDict({"forward_lstm": _lstm(D, d_cell, D),
+                                                   "backward_lstm": _lstm(D, d_cell, D)})
+                                    for _ in range(config.n_layers))
+        self.dropout = nn.Dropout(config.dropout)
+        self.softmax = nn.Linear(D, V)  # shared by both directions
+
+    def set_vocabulary(self, tokens: Sequence[str]) -> None:
+        """Spell the vocabulary for the char CNN (a no-op for an embedding table); called by the pretraining recipe
+        with the tokenizer's entries in id order. The spelling is a buffer, saved with the weights."""
+        if len(tokens) > self.config.vocab_size:
+            raise LmforgeError(f"{len(tokens)} tokens do not fit a vocabulary of {self.config.vocab_size}")
+        if self.chars:
+            table = spell_tokens(tokens, self.config.max_chars_per_token)
+            with torch.no_grad():
+                self.token_chars.zero_()
+                self.token_chars[:len(tokens)] = table.to(self.token_chars.device)
+
+    def get_input_embeddings(self) -> nn.Module:
+        """The token layer (an ``nn.Embedding`` (V, D) only with ``token_encoder="embedding"``)."""
+        return self.embeddings
+
+    def token_representation(self, input_ids: Tensor) -> Tensor:
+        """x_k: (B, T) ids -> (B, T, D), context-free."""
+        if not self.chars:
+            return self.embeddings(input_ids)
+        # the char CNN runs once per distinct token of the batch (the same vectors, a fraction of the work)
+        unique, inverse = torch.unique(input_ids, return_inverse=True)  # (U,), (B, T)
+        vectors = self.embeddings(self.token_chars[unique].unsqueeze(0)).squeeze(0)  # chars (1, U, C) -> (U, D)
+        return vectors[inverse]  # (B, T, D)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                output_hidden_states: bool = False, lm_loss: bool = False,
+                output_attentions: bool = False) -> BiLMOutput:
+        """Run both language models over a padded batch.
+
+        Args:
+            input_ids: (B, T) token ids in [0, vocab_size).
+            attention_mask: (B, T) 1 = real token, 0 = padding (anywhere: the real tokens of a row are read in their
+                order); default all real.
+            token_type_ids: accepted and ignored (the fine-tuning collate passes segment ids to every backbone).
+            output_hidden_states: also return the L + 1 layers ELMo mixes.
+            lm_loss: also return each direction's summed NLL of its next (forward) / previous (backward) real token.
+            output_attentions: accepted for the common encoder interface; a biLM has no attention (None).
+
+        Returns:
+            ``BiLMOutput`` (see there).
+        """
+        check_flag(output_hidden_states, "output_hidden_states")
+        check_flag(output_attentions, "output_attentions")
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        mask = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None \
+            else key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) True = real
+        order, lengths = compact_padding(mask)
+        if order is not None:  # real tokens first: the backward LM then starts at each row's last real token
+            input_ids = input_ids.gather(1, order)
+        real = torch.arange(T, device=input_ids.device) < lengths.unsqueeze(-1)  # (B, T) right-padded layout
+        x = self.token_representation(input_ids)  # (B, T, D)
+        forward_states, backward_states = self._run(x, lengths)  # L x (B, T, D) each
+        out: dict[str, object] = {}
+        if lm_loss:
+            f_top, b_top = self.dropout(forward_states[-1]), self.dropout(backward_states[-1])
+            pairs = real[:, 1:] & real[:, :-1]  # (B, T-1): t and t+1 both real
+            out["forward_nll"] = self._nll(f_top[:, :-1][pairs], input_ids[:, 1:][pairs])  # state k -> token k+1
+            out["backward_nll"] = self._nll(b_top[:, 1:][pairs], input_ids[:, :-1][pairs])  # state k+1 -> token k
+            out["n_predictions"] = pairs.sum()
+        keep = real.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        layers = [torch.cat([x, x], -1) * keep] + [torch.cat([f, b], -1) * keep
+                                                    for f, b in zip(forward_states, backward_states, strict=True)]
+        if order is not None:  # back to the input layout
+            layers = [torch.zeros_like(h).scatter_(1, order.unsqueeze(-1).expand_as(h), h) for h in layers]
+        return BiLMOutput(layers[-1], None, tuple(layers) if output_hidden_states else None, None, **out)
+
+    def _run(self, x: Tensor, lengths: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """The L forward and L backward layers over right-padded inputs (B, T, D); residual from layer 2 on."""
+        T = x.shape[1]
+        position = torch.arange(T, device=x.device).expand(x.shape[0], T)  # (B, T)
+        # reversal of each row's real tokens (padding stays put): the backward LM reads right to left
+        reverse = torch.where(position < lengths.unsqueeze(-1), lengths.unsqueeze(-1) - 1 - position, position)
+        index = reverse.unsqueeze(-1).expand_as(x)
+        f_in, b_in = x, x.gather(1, index)
+        forward_states, backward_states = [], []
+        for i, layer in enumerate(self.layers):
+            f_out, _ = layer["forward_lstm"](self.dropout(f_in))  # (B, T, D), h_t from x_1..x_t
+            b_out, _ = layer["backward_lstm"](self.dropout(b_in))  # (B, T, D), in reversed order
+            if i > 0:  # residual connections between LSTM layers (Peters et al. 2018, section 3.4)
+                f_out, b_out = f_out + f_in, b_out + b_in
+            forward_states.append(f_out)
+            backward_states.append(b_out.gather(1, index))  # the reversal is its own inverse
+            f_in, b_in = f_out, b_out
+        return forward_states, backward_states
+
+    def _nll(self, h: Tensor, targets: Tensor) -> Tensor:
+        """Summed NLL of ``targets`` (N,) from states ``h`` (N, D) under the shared softmax (sampled in training when
+        ``softmax_samples`` > 0)."""
+        k = self.config.softmax_samples
+        if not (self.training and k > 0):
+            return F.cross_entropy(self.softmax(h).float(), targets, reduction="sum")
+        W, b = self.softmax.weight, self.softmax.bias
+        negatives = torch.randint(self.config.vocab_size, (k,), device=h.device)  # (K,) uniform, shared
+        true = (h * W[targets]).sum(-1, keepdim=True) + b[targets].unsqueeze(-1)  # (N, 1)
+        sampled = h @ W[negatives].T + b[negatives]  # (N, K)
+        sampled = sampled.masked_fill(negatives.unsqueeze(0) == targets.unsqueeze(-1), float("-inf"))
+        # uniform proposal: the log Q correction is the same for every class and cancels
+        return -torch.log_softmax(torch.cat([true, sampled], -1).float(), -1)[:, 0].sum()
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"token_encoder={c.token_encoder!r}, n_layers={c.n_layers}, d_model={c.d_model}, "
+                f"d_cell={c.d_cell or c.d_model}")
+
+
+class ELMoEncoder(nn.Module):
+    """A task encoder on a frozen biLM (Peters et al. 2018, section 3.3): ELMo_k = ScalarMix(biLM layers), a task
+    BiLSTM over it and attention pooling (Yang et al. 2016) for one vector per text.
+
+    Config: the biLM's (arch "elmo" instead of "bilm"), plus ``elmo_layer_norm`` (normalise each layer before the
+    mix), ``elmo_rnn_layers``, ``rnn_cell`` / ``bidirectional`` (the task RNN: width D, D/2 per direction),
+    ``attention`` (the pooling score) and ``dropout`` (on ELMo_k and between task RNN layers).
+
+    The biLM never trains: it runs without gradients and stays in eval mode (no dropout) whatever ``train()`` says,
+    so its weights get no gradient and the optimizer leaves them as they are. The scalar mix (``mix.weights``,
+    ``mix.gamma``), the task RNN and the pooler train with the head.
+
+    State-dict keys: ``bilm.*`` (the frozen biLM, saved with the task model), ``mix.weights``, ``mix.gamma``,
+    ``layers.{l}.*`` (the task BiLSTM), ``pooler.*``.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bilm = BiLM(dataclasses.replace(config, arch="bilm"))
+        self.bilm.requires_grad_(False)
+        D = config.d_model
+        self.mix = ScalarMix(config.n_layers + 1, layer_norm=config.elmo_layer_norm)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = StackedRNN(config.rnn_cell, 2 * D, D, n_layers=config.elmo_rnn_layers,
+                                 bidirectional=config.bidirectional, dropout=config.dropout)
+        self.pooler = AttentionPooling(D, config.attention, max_len=config.max_seq_len)
+        self.bilm.eval()
+
+    @classmethod
+    def wrap(cls, bilm: BiLM, **options: object) -> ELMoEncoder:
+        """An encoder over the pretrained ``bilm`` (its weights copied), with ``options`` overriding config fields
+        (e.g. ``elmo_layer_norm=True``)."""
+        config = from_dict(ModelConfig, {**to_dict(bilm.config), **options, "arch": "elmo"}, where="ELMo options")
+        encoder = cls(config)
+        encoder.bilm.load_state_dict(bilm.state_dict())
+        return encoder
+
+    def train(self, mode: bool = True) -> ELMoEncoder:
+        super().train(mode)
+        self.bilm.eval()  # frozen features: no dropout in the biLM
+        return self
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.bilm.get_input_embeddings()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                output_hidden_states: bool = False, output_attentions: bool = False):
+        """
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T) 1 = real token, 0 = padding; default all real.
+            token_type_ids: accepted and ignored.
+            output_hidden_states: also return ELMo_k and every task RNN layer's output.
+            output_attentions: also return the pooling weights (B, 1, 1, T).
+
+        Returns:
+            ``EncoderOutput``-shaped ``BiLMOutput``: last_hidden_state (B, T, D) the task BiLSTM's states,
+            pooled_output (B, D), hidden_states (ELMo_k (B, T, 2D), then the task RNN layers (B, T, D)) or None,
+            attentions or None.
+        """
+        check_flag(output_attentions, "output_attentions")
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        mask = None if attention_mask is None else key_padding_mask(attention_mask, batch=B, length=T)
+        with torch.no_grad():
+            layers = self.bilm(input_ids, mask, output_hidden_states=True).hidden_states  # L + 1 x (B, T, 2D)
+        elmo = self.dropout(self.mix(layers, mask))  # (B, T, 2D)
+        rnn = self.layers(elmo, mask, output_all_layers=output_hidden_states)
+        pooled, weights = self.pooler(rnn.states, mask)  # (B, D), (B, T)
+        hidden = (elmo, *rnn.layer_states) if rnn.layer_states is not None else None
+        attentions = (weights[:, None, None, :],) if output_attentions else None
+        return BiLMOutput(rnn.states, pooled, hidden, attentions)
+
+    def extra_repr(self) -> str:
+        return f"elmo_layer_norm={self.config.elmo_layer_norm}, elmo_rnn_layers={self.config.elmo_rnn_layers}"

@@ -1,0 +1,83 @@
+"""ELMo end to end on the command line: ``pretrain --objective bilm`` on a slice of BBC News, ``embed`` its layers,
+``finetune --task token`` (BiLSTM + CRF) and ``--task sequence`` on the frozen biLM's scalar mix, then ``evaluate``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.cli import main
+from lmforge.models.pretrained import load_pretrained
+from tests.toy_tasks import write_task_data
+
+TINY = ["--model.n_layers=2", "--model.d_model=16", "--model.d_cell=32", "--model.n_highway=1",
+        "--model.char_filters=[[1, 4], [2, 8], [3, 8]]", "--model.max_chars_per_token=10", "--model.dropout=0.0",
+        "--train.log_every=1", "--train.eval_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def bilm_run(tmp_path_factory, bbc_dir):
+    root = tmp_path_factory.mktemp("elmo")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for path in sorted((bbc_dir / "business").glob("*.txt"))[:8]:
+        (corpus / path.name).write_bytes(path.read_bytes())
+    assert main(["-q", "tokenizer", "train", "--input", str(corpus), "--vocab-size", "400", "--out",
+                 str(root / "tok"), "--algorithm", "bpe-count"]) == 0
+    assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(corpus), "--out",
+                 str(root / "data"), "--workers", "1"]) == 0
+    out = root / "run"
+    assert main(["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--data", str(root / "data"),
+                 "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "16", *TINY]) == 0
+    return out
+
+
+def test_pretraining_logs_both_perplexities_and_saves_a_spelled_bilm(bilm_run):
+    records = [json.loads(line) for line in (bilm_run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for r in train:
+        assert r["loss"] == pytest.approx((r["forward_nll"] + r["backward_nll"]) / 2)
+        assert r["forward_ppl"] == pytest.approx(np.exp(r["forward_nll"]))
+    final = json.loads((bilm_run / "eval_results.json").read_text())
+    assert {"eval_forward_ppl", "eval_backward_ppl", "eval_ppl_lm"} <= set(final)
+    loaded = load_pretrained(bilm_run)
+    assert loaded.config.arch == "bilm" and loaded.tokenizer is not None
+    assert int(loaded.model.token_chars[loaded.tokenizer.cls_id, 1]) != 0  # the vocabulary was spelled
+
+
+def test_embed_mixes_the_bilm_layers(bilm_run, tmp_path):
+    lines = tmp_path / "in.txt"
+    lines.write_text("the company said profits rose\nshares fell\n", encoding="utf-8")
+    mean_out, top_out = tmp_path / "mean.npy", tmp_path / "top.npy"
+    assert main(["-q", "embed", "--model", str(bilm_run), "--input", str(lines), "--out", str(mean_out),
+                 "--layers", "0,1,2", "--combine", "mean"]) == 0
+    assert main(["-q", "embed", "--model", str(bilm_run), "--input", str(lines), "--out", str(top_out)]) == 0
+    mean, top = np.load(mean_out), np.load(top_out)
+    assert mean.shape == top.shape == (2, 32) and not np.allclose(mean, top)
+    words = tmp_path / "words.npz"
+    assert main(["-q", "embed", "--model", str(bilm_run), "--input", str(lines), "--out", str(words),
+                 "--word-pooling", "first", "--layers", "0,1,2"]) == 0
+    assert np.load(words)["arr_0"].shape == (5, 32)
+
+
+@pytest.mark.parametrize(("task", "extra"), [("token", ["--crf"]), ("sequence", [])])
+def test_finetune_on_frozen_elmo(bilm_run, tmp_path, task, extra, capsys):
+    train, dev = write_task_data(tmp_path / "data", task, n_train=24, n_dev=8)
+    out = tmp_path / "ft"
+    assert main(["-q", "finetune", "--task", task, "--model", str(bilm_run), "--train", str(train), "--dev", str(dev),
+                 "--out", str(out), "--epochs", "2", "--batch-size", "8", "--lr", "3e-3", "--max-length", "32",
+                 "--model.elmo_layer_norm=true", *extra]) == 0
+    loaded = load_pretrained(out)
+    assert loaded.config.arch == "elmo" and loaded.config.elmo_layer_norm
+    # the biLM did not move; the scalar mix did
+    bilm = load_pretrained(bilm_run).model
+    for name, tensor in bilm.state_dict().items():
+        assert torch.equal(loaded.model.backbone.bilm.state_dict()[name], tensor), name
+    assert not torch.equal(loaded.model.backbone.mix.weights, torch.zeros(3))
+    capsys.readouterr()
+    assert main(["-q", "evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert ("f1" if task == "token" else "accuracy") in json.loads(capsys.readouterr().out)

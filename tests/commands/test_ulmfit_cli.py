@@ -1,0 +1,119 @@
+"""ULMFiT's three stages end to end on a small slice of BBC News (Howard & Ruder 2018): (a) AWD-LSTM language-model
+pretraining, (b) LM fine-tuning on the target text from stage (a)'s run, (c) the classifier; plus generation from
+the LM run and the clear errors of bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from lmforge.cli import main
+from lmforge.models.pretrained import load_pretrained
+
+TINY = ["--model.d_model=16", "--model.d_hidden=24", "--model.n_layers=2", "--train.log_every=1",
+        "--train.eval_batches=2"]
+
+
+@pytest.fixture(scope="module")
+def ulmfit(tmp_path_factory, bbc_dir):
+    root = tmp_path_factory.mktemp("ulmfit")
+    general, target = root / "general", root / "target"
+    general.mkdir()
+    target.mkdir()
+    for topic in ("business", "politics"):
+        for path in sorted((bbc_dir / topic).glob("*.txt"))[:12]:
+            (general / f"{topic}-{path.name}").write_bytes(path.read_bytes())
+    rows = []
+    for topic in ("tech", "sports"):
+        for path in sorted((bbc_dir / topic).glob("*.txt"))[:12]:
+            (target / f"{topic}-{path.name}").write_bytes(path.read_bytes())
+            rows.append((path.read_text(encoding="utf-8", errors="replace").replace("\n", " "), topic))
+    with open(root / "train.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "label"), *rows[::2], *rows[1::4]])
+    with open(root / "dev.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "label"), *rows[1::2]])
+    assert main(["-q", "tokenizer", "train", "--input", str(general), "--vocab-size", "500", "--out",
+                 str(root / "tok"), "--algorithm", "bpe-count"]) == 0
+    assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(general), "--out",
+                 str(root / "data_a"), "--workers", "1"]) == 0
+    # stage (a): general-domain LM
+    assert main(["-q", "pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--data",
+                 str(root / "data_a"), "--out", str(root / "lm_a"), "--max-steps", "4", "--batch-size", "4",
+                 "--seq-len", "20", "--lr", "3e-3", "--train.schedule=slanted_triangular", *TINY]) == 0
+    # stage (b): the target text, prepared with stage (a)'s tokenizer, from stage (a)'s weights
+    assert main(["-q", "data", "prepare", "--tokenizer", str(root / "lm_a"), "--input", str(target), "--out",
+                 str(root / "data_b"), "--workers", "1"]) == 0
+    assert main(["-q", "pretrain", "--init-from", str(root / "lm_a"), "--objective", "awd_lm", "--data",
+                 str(root / "data_b"), "--out", str(root / "lm_b"), "--max-steps", "3", "--batch-size", "4",
+                 "--seq-len", "20", "--layer-decay", "0.385", "--train.schedule=slanted_triangular",
+                 "--train.log_every=1"]) == 0
+    return root
+
+
+def records(folder):
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_stage_a_logs_held_out_perplexity(ulmfit):
+    results = json.loads((ulmfit / "lm_a" / "eval_results.json").read_text())
+    assert results["eval_ppl_lm"] > 1 and "eval_loss_lm" in results
+    assert [r["step"] for r in records(ulmfit / "lm_a") if "loss" in r] == [1, 2, 3, 4]
+    loaded = load_pretrained(ulmfit / "lm_a")
+    assert loaded.config.arch == "awd_lstm" and loaded.config.d_model == 16 and loaded.tokenizer is not None
+
+
+def test_stage_b_starts_from_stage_a_with_discriminative_rates(ulmfit):
+    import torch
+
+    a, b = load_pretrained(ulmfit / "lm_a"), load_pretrained(ulmfit / "lm_b")
+    assert b.config == a.config  # the sizes come from the run it starts from, not from a preset
+    run_config = json.loads((ulmfit / "lm_b" / "run_config.json").read_text())
+    assert run_config["init_from"] == str(ulmfit / "lm_a") and run_config["layer_decay"] == 0.385
+    # it trained: weights moved from stage (a)'s, the bottom (embeddings) least, by the 2.6-fold rates
+    delta = {n: float((pb - a.model.state_dict()[n]).abs().max()) for n, pb in b.model.state_dict().items()}
+    assert delta["lm_bias"] > 0 and delta["embeddings.weight"] > 0
+    assert delta["embeddings.weight"] < delta["lm_bias"]
+    assert torch.is_tensor(b.model.lm_bias)
+
+
+def test_stage_c_classifier_with_gradual_unfreezing_and_stlr(ulmfit, capsys):
+    out = ulmfit / "clf"
+    assert main(["-q", "finetune", "--task", "sequence", "--model", str(ulmfit / "lm_b"), "--train",
+                 str(ulmfit / "train.csv"), "--dev", str(ulmfit / "dev.csv"), "--out", str(out), "--max-length",
+                 "300", "--batch-size", "6", "--epochs", "3", "--lr", "5e-3", "--task.gradual_unfreezing=true",
+                 "--task.layer_decay=0.385", "--train.schedule=slanted_triangular"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert {"accuracy", "f1"} <= set(results)
+    loaded = load_pretrained(out)
+    assert loaded.head["type"] == "sequence_classification"
+    assert type(loaded.model.head).__name__ == "ConcatPoolingClassifierHead"
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(out), "--data", str(ulmfit / "dev.csv")]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["accuracy"] == pytest.approx(results["accuracy"])
+    # the stage-(c) folder holds a finetune checkpoint: resuming it as an LM stage is refused, naming both
+    code = main(["pretrain", "--init-from", str(ulmfit / "lm_a"), "--objective", "awd_lm", "--data",
+                 str(ulmfit / "data_b"), "--out", str(out), "--max-steps", "6", "--batch-size", "4",
+                 "--seq-len", "20", "--resume", "auto"])
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "another kind of run (finetune (task sequence))" in err and "own --out folder" in err
+
+
+def test_generate_continues_a_prompt_from_the_lm_run(ulmfit, capsys):
+    capsys.readouterr()
+    assert main(["generate", "--model", str(ulmfit / "lm_b"), "--prompt", "the company said", "--max-new-tokens",
+                 "5", "--json"]) == 0
+    [line] = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(line)["prompt"] == "the company said"
+
+
+def test_a_corpus_too_small_for_the_bptt_length(ulmfit, tmp_path, capsys):
+    code = main(["pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--data", str(ulmfit / "data_a"),
+                 "--out", str(tmp_path / "x"), "--max-steps", "2", "--batch-size", "4", "--seq-len", "100000",
+                 *TINY])
+    assert code != 0
+    assert "fewer than one BPTT window of data.seq_len=100000 + 1; add text, or lower --seq-len" in \
+        capsys.readouterr().err

@@ -1,0 +1,210 @@
+"""ELMo's biLM and the frozen-ELMo task encoder: causality of each direction (exact), padding, LSTMP shapes and
+residuals, the one shared softmax, the loss, learning a toy corpus, save/load, freezing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.models import architecture
+from lmforge.models.elmo import BiLM, ELMoEncoder
+from lmforge.models.pretrained import load_pretrained, save_pretrained
+
+V = 99
+TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(V - 5)]
+
+
+def tiny(token_encoder: str = "chars", **overrides) -> ModelConfig:
+    values = dict(arch="bilm", vocab_size=V, d_model=12, d_cell=20, n_layers=2, dropout=0.0, rnn_cell="lstm",
+                  max_seq_len=64, token_encoder=token_encoder, d_char=4, char_filters=[[1, 4], [2, 6], [3, 5]],
+                  n_highway=1, max_chars_per_token=8)
+    return ModelConfig(**{**values, **overrides})
+
+
+def bilm(token_encoder: str = "chars", seed: int = 0, **overrides) -> BiLM:
+    torch.manual_seed(seed)
+    model = BiLM(tiny(token_encoder, **overrides))
+    model.set_vocabulary(TOKENS)
+    return model.eval()
+
+
+def halves(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return h[..., :12], h[..., 12:]  # [forward; backward]
+
+
+@pytest.mark.parametrize("token_encoder", ["chars", "embedding"])
+def test_each_direction_sees_only_its_side(token_encoder):
+    model = bilm(token_encoder)
+    ids = torch.randint(5, V, (3, 9))
+    i = 4
+    changed = ids.clone()
+    changed[:, i] = (ids[:, i] - 5 + 7) % (V - 5) + 5
+    with torch.no_grad():
+        a = model(ids, output_hidden_states=True).hidden_states
+        b = model(changed, output_hidden_states=True).hidden_states
+    for j in range(1, 3):
+        (fa, ba), (fb, bb) = halves(a[j]), halves(b[j])
+        assert torch.equal(fa[:, :i], fb[:, :i])  # forward state at t reads tokens <= t
+        assert torch.equal(ba[:, i + 1:], bb[:, i + 1:])  # backward state at t reads tokens >= t
+        assert not torch.allclose(fa[:, i:], fb[:, i:]) and not torch.allclose(ba[:, :i + 1], bb[:, :i + 1])
+
+
+def test_layer_zero_is_the_token_layer_twice_and_layers_are_2d_wide():
+    model = bilm()
+    ids = torch.randint(5, V, (3, 7))
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+        x = model.token_representation(ids)
+    assert len(out.hidden_states) == 3 and all(h.shape == (3, 7, 24) for h in out.hidden_states)
+    torch.testing.assert_close(out.hidden_states[0], torch.cat([x, x], -1))
+    assert torch.equal(out.last_hidden_state, out.hidden_states[-1]) and out.pooled_output is None
+
+
+def test_lstmp_shapes_and_residual_from_layer_two():
+    model = bilm()
+    first = model.layers[0]["forward_lstm"]
+    assert first.hidden_size == 20 and first.proj_size == 12
+    assert tuple(first.weight_hh_l0.shape) == (4 * 20, 12) and tuple(first.weight_hr_l0.shape) == (12, 20)
+    ids = torch.randint(5, V, (2, 6))
+    with torch.no_grad():
+        h = model(ids, output_hidden_states=True).hidden_states
+        f1, f2 = h[1][..., :12], h[2][..., :12]
+        x = model.token_representation(ids)
+        torch.testing.assert_close(f1, model.layers[0]["forward_lstm"](x)[0])  # no residual on layer 1
+        torch.testing.assert_close(f2, model.layers[1]["forward_lstm"](f1)[0] + f1)  # residual on layer 2
+
+
+def test_padding_gives_the_rows_run_alone():
+    model = bilm()
+    rows = [torch.randint(5, V, (n,)) for n in (7, 4, 1)]
+    ids = torch.zeros(3, 7, dtype=torch.long)
+    mask = torch.zeros(3, 7)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)] = row
+        mask[r, :len(row)] = 1
+    with torch.no_grad():
+        batch = model(ids, mask, output_hidden_states=True).hidden_states
+        for r, row in enumerate(rows):
+            alone = model(row.unsqueeze(0), output_hidden_states=True).hidden_states
+            for j in range(3):
+                torch.testing.assert_close(batch[j][r, :len(row)], alone[j][0], rtol=1e-5, atol=1e-6)
+                assert torch.all(batch[j][r, len(row):] == 0)
+
+
+def test_one_softmax_and_one_token_layer_serve_both_directions():
+    model = bilm().train()
+    names = [n for n, _ in model.named_parameters()]
+    assert [n for n in names if n.startswith("softmax.")] == ["softmax.weight", "softmax.bias"]
+    assert not any("backward" in n for n in names if n.startswith(("softmax", "embeddings")))
+    ids = torch.randint(5, V, (2, 6))
+    for direction in ("forward_nll", "backward_nll"):
+        model.zero_grad()
+        getattr(model(ids, lm_loss=True), direction).backward()
+        assert model.softmax.weight.grad.abs().sum() > 0
+        assert model.embeddings.projection.weight.grad.abs().sum() > 0
+        other = "backward_lstm" if direction == "forward_nll" else "forward_lstm"
+        assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.layers[0][other].parameters())
+
+
+def test_loss_is_the_sum_of_next_and_previous_token_nll():
+    model = bilm()
+    ids = torch.randint(5, V, (2, 6))
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, lm_loss=True)
+        f, b = halves(out.last_hidden_state)
+        logp_f = model.softmax(f).log_softmax(-1)
+        logp_b = model.softmax(b).log_softmax(-1)
+    expected_f = -logp_f[:, :-1].gather(-1, ids[:, 1:, None]).sum()
+    expected_b = -logp_b[:, 1:].gather(-1, ids[:, :-1, None]).sum()
+    torch.testing.assert_close(out.forward_nll, expected_f)
+    torch.testing.assert_close(out.backward_nll, expected_b)
+    assert int(out.n_predictions) == 2 * 5
+
+
+def test_sampled_softmax_trains_and_evaluation_uses_the_full_one():
+    model = bilm(softmax_samples=8).train()
+    ids = torch.randint(5, V, (2, 6))
+    torch.manual_seed(1)
+    sampled = model(ids, lm_loss=True)
+    assert torch.isfinite(sampled.forward_nll) and sampled.forward_nll < model.eval()(ids, lm_loss=True).forward_nll
+    sampled.forward_nll.backward()
+    full = bilm(softmax_samples=0)(ids, lm_loss=True)
+    torch.testing.assert_close(model.eval()(ids, lm_loss=True).forward_nll, full.forward_nll)
+
+
+def test_a_tiny_bilm_learns_a_toy_corpus():
+    from lmforge.objectives.bilm import BiLMObjective
+
+    torch.manual_seed(0)
+    model = BiLM(tiny("chars", d_model=16, d_cell=32)).train()
+    model.set_vocabulary(TOKENS)
+    objective = BiLMObjective()
+    pattern = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])
+    blocks = torch.stack([pattern.roll(-s) for s in range(8)])  # (8, 12) shifted copies of one cycle
+    batch = {"input_ids": blocks[:, :-1], "labels": blocks[:, 1:], "attention_mask": torch.ones(8, 11)}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(60):
+        out = objective(model, batch)
+        loss_sum, n = out.losses["lm"]
+        (loss_sum / n).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss_sum.detach()) / int(n))
+    assert losses[0] > 4.0 and losses[-1] < 0.5 * losses[0]
+    assert objective.counts(batch) == {"lm": 8 * 11} and int(n) == 8 * 11
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = bilm()
+    save_pretrained(model, tmp_path / "m")
+    loaded = load_pretrained(tmp_path / "m")
+    assert loaded.config.arch == "bilm" and isinstance(loaded.model, BiLM)
+    assert torch.equal(loaded.model.token_chars, model.token_chars)
+    ids = torch.randint(5, V, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).last_hidden_state, model(ids).last_hidden_state)
+
+
+def test_elmo_encoder_freezes_the_bilm_and_trains_the_mix(tmp_path):
+    encoder = ELMoEncoder.wrap(bilm(), elmo_layer_norm=True).train()
+    assert encoder.config.arch == "elmo" and encoder.config.elmo_layer_norm
+    assert not encoder.bilm.training and not any(p.requires_grad for p in encoder.bilm.parameters())
+    ids = torch.randint(5, V, (3, 7))
+    mask = torch.ones(3, 7)
+    mask[1, 4:] = 0
+    out = encoder(ids, mask, output_hidden_states=True)
+    assert out.last_hidden_state.shape == (3, 7, 12) and out.pooled_output.shape == (3, 12)
+    assert out.hidden_states[0].shape == (3, 7, 24)  # ELMo_k
+    out.pooled_output.sum().backward()
+    assert all(p.grad is None for p in encoder.bilm.parameters())
+    assert encoder.mix.weights.grad is not None and encoder.mix.gamma.grad is not None
+    # rebuilt from its own config (a fine-tuned folder), the biLM comes back with its weights
+    save_pretrained(encoder, tmp_path / "e")
+    loaded = load_pretrained(tmp_path / "e").model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids, mask).pooled_output, encoder.eval()(ids, mask).pooled_output)
+
+
+def test_registry_and_config_checks():
+    assert architecture("bilm").finetune_as == "elmo" and architecture("bilm").reads_characters
+    assert architecture("elmo").has_pooled_output and architecture("elmo").encodes_text
+    with pytest.raises(LmforgeError, match="token_encoder='bytes'"):
+        tiny(token_encoder="bytes")
+    with pytest.raises(LmforgeError, match="max_chars_per_token=2"):
+        tiny(max_chars_per_token=2)
+    with pytest.raises(LmforgeError, match="d_cell=8 is narrower"):
+        BiLM(tiny(d_cell=8))
+
+
+def test_presets_and_the_objective_entry():
+    from lmforge.config import model_config_from_preset
+    from lmforge.objectives.registry import get_objective
+
+    original = model_config_from_preset("elmo-original", vocab_size=V)
+    assert (original.n_layers, original.d_cell, original.d_model, original.n_highway) == (2, 4096, 512, 2)
+    assert sum(n for _, n in original.char_filters) == 2048 and original.max_chars_per_token == 50
+    objective = get_objective("bilm")
+    assert objective.arch == "bilm" and objective.plan == "causal" and objective.head is None
