@@ -169,3 +169,13 @@ def test_bank_has_one_static_vector_but_sense_dependent_contextual_vectors(minil
     assert within - across > 0.05, sim  # ... and they group by sense
     nearest = np.where(np.eye(2 * n, dtype=bool), -np.inf, sim).argmax(1)
     assert ((nearest < n) == (np.arange(2 * n) < n)).all(), sim  # each one's nearest neighbour shares its sense
+
+
+def test_layers_of_different_widths_combine_only_by_concat():
+    from lmforge.embeddings.contextual import _select
+
+    states = [torch.ones(1, 3, 4), torch.ones(1, 3, 6), torch.ones(1, 3, 4)]  # an AWD-LSTM: inner layers wider
+    assert _select(states, [0, 1], "concat").shape == (1, 3, 10)
+    assert _select(states, [0, 2], "mean").shape == (1, 3, 4)
+    with pytest.raises(LmforgeError, match=r"--combine mean needs layers of one width.*0: 4, 1: 6.*--combine concat"):
+        _select(states, [0, 1], "mean")

@@ -74,6 +74,11 @@ def _select(hidden_states: Sequence[torch.Tensor], layers: Sequence[int], combin
     chosen = [hidden_states[i] for i in layers]  # each (B, T, D)
     if len(chosen) == 1:
         return chosen[0]
+    widths = {h.shape[-1] for h in chosen}
+    if combine != "concat" and len(widths) > 1:  # e.g. an AWD-LSTM's inner layers are wider than its last
+        shown = ", ".join(f"{i}: {hidden_states[i].shape[-1]}" for i in layers)
+        raise LmforgeError(f"--combine {combine} needs layers of one width, and these differ (layer: width = "
+                           f"{shown}); use --combine concat, or choose layers of the same width")
     if combine == "mean":
         return torch.stack(chosen).mean(0)
     if combine == "sum":
