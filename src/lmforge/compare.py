@@ -310,6 +310,15 @@ def _run_key(approach: Approach, size: int, seed: int) -> str:
     return json.dumps({"approach": dataclasses.asdict(approach), "size": size, "seed": seed}, sort_keys=True)
 
 
+def _describe_change(key: str, before: Any, after: Any) -> str:
+    if key == "pretrain":  # a list of tables: name the ones that differ instead of printing both lists
+        old = {p.get("name"): p for p in before or []}
+        new = {p.get("name"): p for p in after or []}
+        names = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
+        return f"[[pretrain]] {', '.join(map(repr, names))} (changed, added or removed)"
+    return f"{key} (was {before!r}, now {after!r})"
+
+
 def prepare_out(config: CompareConfig, *, resume: bool, overwrite: bool) -> dict[str, dict[str, Any]]:
     """Make ``config.out`` ready; returns the finished runs to reuse (by ``_run_key``) when resuming."""
     from lmforge.config import to_dict
@@ -325,8 +334,7 @@ def prepare_out(config: CompareConfig, *, resume: bool, overwrite: bool) -> dict
         if resume and saved_path.is_file():
             saved = json.loads(saved_path.read_text(encoding="utf-8"))
             current = to_dict(config)
-            changed = [f"{k} (was {saved.get(k)!r}, now {current[k]!r})" for k in SETUP_KEYS
-                       if saved.get(k) != current[k]]
+            changed = [_describe_change(k, saved.get(k), current[k]) for k in SETUP_KEYS if saved.get(k) != current[k]]
             if changed:
                 raise LmforgeError(f"cannot resume the comparison in {out}: {'; '.join(changed)}. Only sizes, seeds "
                                    "and approaches may change on resume; use another --out or --overwrite")
@@ -509,6 +517,10 @@ def _summary(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_seconds: dict[str, float],
                    n_test: int, pretrain_seconds: dict[str, float] | None = None) -> str:
     sizes = config.sizes
@@ -529,11 +541,11 @@ def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_
         name = approach.name
         spec = config.spec(approach.model[1:]) if approach.model.startswith("@") else None
         if spec is not None and pretrain_seconds and spec.name in pretrain_seconds:
-            name += f" (pretrained here: {pretrain_seconds[spec.name] / 60:.1f} min)"
+            name += f" (pretrained here: {_duration(pretrain_seconds[spec.name])})"
         lines.append(f"| {name} | {FAMILIES[approach.family]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
     if pretrain_seconds:
         lines += ["", "Pretrained by lmforge once, on the training texts only, before the runs: " + "; ".join(
-            f"{s.name} ({s.preset}, objective {s.objective}) {pretrain_seconds[s.name] / 60:.1f} min"
+            f"{s.name} ({s.preset}, objective {s.objective}) {_duration(pretrain_seconds[s.name])}"
             for s in config.pretrain if s.name in pretrain_seconds) + "."]
     if vector_seconds:
         lines += ["", "Static vectors trained once on the training texts: "
