@@ -255,3 +255,15 @@ min_steps = 2
     assert '"gradual_unfreezing": true' in run_config and '"schedule": "slanted_triangular"' in run_config
     table = (out / "compare.md").read_text()
     assert "awd (awd-lstm-small, objective awd_lm)" in table and "elmo (elmo-small, objective bilm)" in table
+
+
+def test_static_vectors_fall_back_to_the_fast_mode_without_the_compiled_loop(tmp_path, monkeypatch, caplog):
+    from lmforge.compare import train_static_vectors
+    from lmforge.embeddings import sgns
+
+    monkeypatch.setattr(sgns, "_library", lambda: None)
+    sentences = [[f"w{(7 * i + j) % 300}" for j in range(8)] for i in range(400)]  # rare words: subsampling keeps them
+    with caplog.at_level("WARNING", logger="lmforge"):
+        out = train_static_vectors("word2vec", sentences, tmp_path / "w2v.txt", dim=4, epochs=1, window=2, seed=0)
+    assert out.read_text().splitlines()[0] == "300 4"
+    assert "mode fast" in caplog.text

@@ -211,7 +211,16 @@ def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, di
     from lmforge.recipes.vectors import train_vectors
 
     settings = dict(dim=dim, window=window, epochs=epochs, min_count=1, seed=seed + 1)
-    config = Word2VecConfig(**settings) if kind == "word2vec" else GloVeConfig(**settings)
+    if kind == "word2vec":
+        from lmforge.embeddings import sgns
+
+        mode = "exact" if sgns.available() else "fast"
+        if mode == "fast":
+            log.warning("compare: Word2Vec's compiled loop was not built (no C compiler at install); training the "
+                        "batched approximation (mode fast) instead")
+        config = Word2VecConfig(mode=mode, **settings)
+    else:
+        config = GloVeConfig(**settings)
     level = log.level
     log.setLevel(logging.WARNING)  # one summary line instead of the vocabulary and every epoch
     try:
