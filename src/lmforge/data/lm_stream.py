@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from lmforge.config import DataConfig
-from lmforge.data.pretraining import split_documents
+from lmforge.data.pretraining import read_data_state, split_documents
 from lmforge.data.shards import ShardedCorpus
 from lmforge.errors import LmforgeError
 
@@ -100,14 +100,7 @@ class LMStreamData:
         return {"epoch": self._epoch, "position": self._position, "seed": self.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        try:
-            epoch, position = int(state["epoch"]), int(state["position"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise LmforgeError(f"data state {state!r} lacks an integer epoch and position") from err
-        if "seed" in state and int(state["seed"]) != self.seed:
-            raise LmforgeError(f"the data state was saved with seed {state['seed']} but this run uses seed "
-                               f"{self.seed}; resume with the same seed")
-        self._epoch, self._position = epoch, position
+        self._epoch, self._position = read_data_state(state, self.seed)
 
     @property
     def epoch(self) -> int:

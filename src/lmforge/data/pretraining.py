@@ -104,6 +104,18 @@ def _warn_low_cap(cap: int, seq_len: int, mask_prob: float) -> None:
                 "the length", cap, mask_prob, seq_len, wanted, 100.0 * cap / seq_len)
 
 
+def read_data_state(state: dict[str, Any], seed: int) -> tuple[int, int]:
+    """(epoch, position) of a data iterator's saved ``state_dict``; a state saved with another seed is refused."""
+    try:
+        epoch, position = int(state["epoch"]), int(state["position"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise LmforgeError(f"data state {state!r} lacks an integer epoch and position") from err
+    if "seed" in state and int(state["seed"]) != seed:
+        raise LmforgeError(f"the data state was saved with seed {state['seed']} but this run uses seed {seed}; "
+                           "resume with the same seed")
+    return epoch, position
+
+
 def split_documents(num_documents: int, eval_fraction: float, *, min_eval: int = 1
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Training and eval document indices (each sorted), by a permutation seeded with ``SPLIT_SEED``.
@@ -259,13 +271,7 @@ class PretrainingData:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a ``state_dict()``; call ``batches`` afterwards (a running iterator is not rewound)."""
-        try:
-            epoch, position = int(state["epoch"]), int(state["position"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise LmforgeError(f"data state {state!r} lacks an integer epoch and position") from err
-        if "seed" in state and int(state["seed"]) != self.seed:
-            raise LmforgeError(f"the data state was saved with seed {state['seed']} but this run uses seed "
-                               f"{self.seed}; resume with the same seed")
+        epoch, position = read_data_state(state, self.seed)
         if epoch < 0 or position < 0:
             raise LmforgeError(f"data state epoch={epoch}, position={position} must be >= 0")
         self._epoch, self._position = epoch, position

@@ -93,6 +93,23 @@ static inline float score_target(const float *l1, float *restrict l2, float *res
     return (x > 0 ? x : 0.0f) + fold;
 }
 
+/* Input vector l1 against the centre word (label 1) and K negatives drawn for it (label 0; a draw equal to the
+ * word is skipped, as in the C tool): neu1e gets the input's error (zeroed first), the targets' output vectors
+ * are updated, and the pair's loss is returned. */
+static inline double score_word(const float *l1, int64_t word, float *syn1, float *restrict neu1e, int64_t dim,
+                                float lr, uint64_t *state, const double *noise_prob, const int64_t *noise_alias,
+                                int64_t vocab, int64_t negative) {
+    memset(neu1e, 0, sizeof(float) * (size_t)dim);
+    float prod = 1.0f;
+    float hinge = score_target(l1, syn1 + word * dim, neu1e, dim, 1.0f, lr, &prod);
+    for (int64_t d = 0; d < negative; d++) {
+        int64_t target = draw_noise(state, noise_prob, noise_alias, vocab);
+        if (target == word) continue;
+        hinge += score_target(l1, syn1 + target * dim, neu1e, dim, 0.0f, lr, &prod);
+    }
+    return (double)hinge + log((double)prod);
+}
+
 /*
  * Train on one chunk of consecutive sentences.
  *
@@ -140,15 +157,7 @@ SGNS_EXPORT SGNS_CLONES int sgns_train_chunk(float *syn0, float *syn1, int64_t v
             for (int64_t j = lo; j <= hi; j++) {
                 if (j == i) continue;
                 float *l1 = syn0 + kept[j] * dim;
-                memset(neu1e, 0, sizeof(float) * (size_t)dim);
-                float prod = 1.0f;
-                float hinge = score_target(l1, syn1 + word * dim, neu1e, dim, 1.0f, lr, &prod);
-                for (int64_t d = 0; d < negative; d++) {
-                    int64_t target = draw_noise(&state, noise_prob, noise_alias, vocab);
-                    if (target == word) continue;
-                    hinge += score_target(l1, syn1 + target * dim, neu1e, dim, 0.0f, lr, &prod);
-                }
-                loss += (double)hinge + log((double)prod);
+                loss += score_word(l1, word, syn1, neu1e, dim, lr, &state, noise_prob, noise_alias, vocab, negative);
                 axpy(l1, 1.0f, neu1e, dim);
                 count += 1.0;
             }
@@ -160,15 +169,7 @@ SGNS_EXPORT SGNS_CLONES int sgns_train_chunk(float *syn0, float *syn1, int64_t v
                 if (j != i) axpy(neu1, 1.0f, syn0 + kept[j] * dim, dim);
             float inv = 1.0f / (float)cw;
             for (int64_t k = 0; k < dim; k++) neu1[k] *= inv;
-            memset(neu1e, 0, sizeof(float) * (size_t)dim);
-            float prod = 1.0f;
-            float hinge = score_target(neu1, syn1 + word * dim, neu1e, dim, 1.0f, lr, &prod);
-            for (int64_t d = 0; d < negative; d++) {
-                int64_t target = draw_noise(&state, noise_prob, noise_alias, vocab);
-                if (target == word) continue;
-                hinge += score_target(neu1, syn1 + target * dim, neu1e, dim, 0.0f, lr, &prod);
-            }
-            loss += (double)hinge + log((double)prod);
+            loss += score_word(neu1, word, syn1, neu1e, dim, lr, &state, noise_prob, noise_alias, vocab, negative);
             /* the error of the mean goes unscaled to every context word, as the C tool and gensim (cbow_mean=1) */
             for (int64_t j = lo; j <= hi; j++)
                 if (j != i) axpy(syn0 + kept[j] * dim, 1.0f, neu1e, dim);
