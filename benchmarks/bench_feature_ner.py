@@ -166,17 +166,30 @@ def length_buckets(idx: list[int], lengths: list[int], batch_size: int, rng: np.
 
 
 # ---------------------------------------------------------------------------------------------- one run
-def train_and_score(choice: Choice, feats: list[np.ndarray], sentences: list[TaggedSentence], train: list[int],
-                    test: list[int], labels: list[str], setting: TrainSetting, seed: int,
-                    log: Callable[[str], None]) -> dict[str, Any]:
-    """Train one tagger on the train part with the choice's features; score it on the test part."""
+class ChoiceTagger(nn.Module):
+    """One layer choice (a fixed selection of the stored hidden states) in front of a ``BiLSTMTagger``."""
+
+    def __init__(self, choice: Choice, d_model: int, setting: TrainSetting, n_tags: int) -> None:
+        super().__init__()
+        self.choice = choice
+        self.d_input = d_model * (len(choice.layers) if choice.combine == "concat" else 1)
+        self.tagger = BiLSTMTagger(self.d_input, setting.hidden, n_tags, setting.dropout)
+
+    def forward(self, features: Tensor, mask: Tensor) -> Tensor:
+        """(B, W, 7, D) stored hidden states, (B, W) mask -> (B, W, n_tags) logits."""
+        return self.tagger(select(features, self.choice), mask)
+
+
+def train_and_score(name: str, make_model: Callable[[], nn.Module], feats: list[np.ndarray],
+                    sentences: list[TaggedSentence], train: list[int], test: list[int], labels: list[str],
+                    setting: TrainSetting, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train one tagger (``make_model()``: (B, W, K, D) stored features and a (B, W) mask -> (B, W, n_tags)
+    logits, with a ``d_input`` attribute) on the train part; score it on the test part."""
     label_id = {t: k for k, t in enumerate(labels)}
     in_train = set(train)
     tags = [[label_id[t] for t in s.tags] if i in in_train else [] for i, s in enumerate(sentences)]
-    d_model = feats[0].shape[-1]
-    d_input = d_model * (len(choice.layers) if choice.combine == "concat" else 1)
     torch.manual_seed(seed)
-    model = BiLSTMTagger(d_input, setting.hidden, len(labels), setting.dropout)
+    model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=setting.lr)
     rng = np.random.default_rng(seed)
     curve = []
@@ -186,7 +199,7 @@ def train_and_score(choice: Choice, feats: list[np.ndarray], sentences: list[Tag
         losses = []
         for batch in length_buckets(train, [len(f) for f in feats], setting.batch_size, rng):
             x, mask, y = make_batch(feats, tags, batch)
-            logits = model(select(x, choice), mask)  # (B, W, L)
+            logits = model(x, mask)  # (B, W, L)
             loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100)  # mean over real words
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -197,10 +210,10 @@ def train_and_score(choice: Choice, feats: list[np.ndarray], sentences: list[Tag
                       "elapsed_s": time.perf_counter() - start})
         log(f"  epoch {epoch + 1}: loss {statistics.mean(losses):.4f} ({time.perf_counter() - start:.0f} s)")
     train_s = time.perf_counter() - start
-    predicted = predict(model, choice, feats, test, labels, setting.batch_size)
+    predicted = predict(model, feats, test, labels, setting.batch_size)
     gold = [sentences[i].tags for i in test]
     scores = entity_scores(gold, predicted, scheme="BIO")
-    return {"choice": choice.name, "seed": seed, "d_input": d_input, "train_s": train_s,
+    return {"choice": name, "seed": seed, "d_input": model.d_input, "train_s": train_s,
             "precision": scores["precision"], "recall": scores["recall"], "f1": scores["f1"],
             "per_type": scores["per_type"], "curve": curve, "load_1min": os.getloadavg()[0],
             "counts": sentence_counts(gold, predicted).tolist()}
@@ -232,7 +245,7 @@ def bootstrap(counts: dict[str, np.ndarray], baseline: str, n: int, seed: int = 
 
 
 @torch.no_grad()
-def predict(model: BiLSTMTagger, choice: Choice, feats: list[np.ndarray], idx: list[int], labels: list[str],
+def predict(model: nn.Module, feats: list[np.ndarray], idx: list[int], labels: list[str],
             batch_size: int) -> list[list[str]]:
     """Argmax tags of the sentences ``idx``, in that order."""
     model.eval()
@@ -240,7 +253,7 @@ def predict(model: BiLSTMTagger, choice: Choice, feats: list[np.ndarray], idx: l
     for b in range(0, len(idx), batch_size):
         chunk = idx[b:b + batch_size]
         x, mask, _ = make_batch(feats, None, chunk)
-        best = model(select(x, choice), mask).argmax(-1)  # (B, W)
+        best = model(x, mask).argmax(-1)  # (B, W)
         out += [[labels[k] for k in best[r, :len(feats[i])].tolist()] for r, i in enumerate(chunk)]
     return out
 
@@ -291,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         for choice in CHOICES:
             log(f"{choice.name}, seed {seed}:")
-            run = train_and_score(choice, feats, sentences, train, test, labels, setting, seed, log)
+            def make(c: Choice = choice) -> nn.Module:
+                return ChoiceTagger(c, feats[0].shape[-1], setting, len(labels))
+
+            run = train_and_score(choice.name, make, feats, sentences, train, test, labels, setting, seed, log)
             log(f"  F1 {100 * run['f1']:.2f} (P {100 * run['precision']:.2f}, R {100 * run['recall']:.2f}), "
                 f"{run['train_s']:.0f} s")
             runs.append(run)

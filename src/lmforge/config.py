@@ -116,7 +116,9 @@ class ModelConfig:
     # awd_lstm (AWD-LSTM, Merity et al. 2018; ULMFiT, Howard & Ruder 2018; lmforge.models.awd_lstm): d_model is the
     # embedding width (= the last LSTM layer's, tied), d_hidden the inner layers' width; the five dropouts (embedding
     # rows, variational on the input / between layers / on the output, DropConnect on W_hh) default to fastai's
-    # AWD-LSTM classifier config; bptt: the window of BPT3C; bpt3c_grad_len: a document's last tokens that get gradients
+    # AWD-LSTM classifier config; bptt: the window of BPT3C; bpt3c_grad_len: a document's last tokens that get
+    # gradients; reverse: a backward model (each row's real tokens read right to left; ULMFiT's forward + backward
+    # ensemble)
     d_hidden: int = 1150
     embed_p: float = 0.05
     input_p: float = 0.4
@@ -125,6 +127,7 @@ class ModelConfig:
     output_p: float = 0.4
     bptt: int = 70
     bpt3c_grad_len: int = 1440
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -217,6 +220,9 @@ class ModelConfig:
         for name in ("embed_p", "input_p", "hidden_p", "weight_p", "output_p"):
             if not 0.0 <= getattr(self, name) < 1.0:  # also refuses NaN
                 problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.reverse and self.arch != "awd_lstm":
+            problems.append(f"reverse=true (a backward language model) applies to arch='awd_lstm' only, not "
+                            f"arch={self.arch!r}; unset reverse")
         return problems
 
     def _rnn_attention_problems(self) -> list[str]:

@@ -6,6 +6,9 @@ head is dropped), a Hugging Face BERT folder, or a preset name (a randomly initi
 ``--tokenizer``). The run folder ends up holding the best model by the dev metric (``config.json`` with the head,
 its labels and the task settings, ``model.safetensors``, the tokenizer), ``eval_results.json`` and the Trainer's
 logs and checkpoints (``--resume auto`` continues an interrupted run).
+
+``evaluate`` and ``predict`` take several ``--model`` folders (repeated, or a comma list) for an ensemble of sequence
+classifiers, whose class probabilities are averaged (ULMFiT's forward + backward models; ``lmforge.recipes.ensemble``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from lmforge.config import (
     load_toml,
 )
 from lmforge.errors import LmforgeError
+from lmforge.recipes.ensemble import Ensemble, model_folders
 from lmforge.recipes.finetune import (
     FINETUNE_DEFAULTS,
     FinetuneRun,
@@ -107,8 +111,12 @@ def run_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+ENSEMBLE_HELP = ("a folder made by `lmforge finetune`; several (repeat --model, or A,B) average the class "
+                 "probabilities of sequence classifiers (e.g. ULMFiT's forward and backward models)")
+
+
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
+    p.add_argument("--model", required=True, action="append", metavar="DIR", help=ENSEMBLE_HELP)
     p.add_argument("--data", required=True, metavar="FILE", help="labelled data in the task's format")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
     p.add_argument("--output", metavar="FILE.json", help="also write the metrics here")
@@ -118,13 +126,20 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
 def run_evaluate(args: argparse.Namespace) -> int:
     from lmforge.utils.io import atomic_write_text, prepare_output_file
 
+    folders = model_folders(args.model)
     if args.output:
-        prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.model, args.data],
+        prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.data],
                             option="--output")
-    model, task, tokenizer = load_task_model(args.model)
-    examples = task.read(args.data, labelled=True)
-    features = featurize(task, examples, tokenizer, args.data, training=False)
-    metrics = task.metrics(examples, task.predict(model, examples, features, tokenizer, batch_size=args.batch_size))
+    if len(folders) > 1:
+        ensemble = Ensemble(folders)
+        task, examples = ensemble.task, ensemble.read(args.data, labelled=True)
+        metrics = task.metrics(examples, ensemble.predict(examples, args.data, batch_size=args.batch_size))
+    else:
+        model, task, tokenizer = load_task_model(folders[0])
+        examples = task.read(args.data, labelled=True)
+        features = featurize(task, examples, tokenizer, args.data, training=False)
+        metrics = task.metrics(examples, task.predict(model, examples, features, tokenizer,
+                                                      batch_size=args.batch_size))
     text = json.dumps(metrics, indent=2)
     print(text)
     if args.output:
@@ -133,7 +148,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, metavar="DIR", help="a folder made by `lmforge finetune`")
+    p.add_argument("--model", required=True, action="append", metavar="DIR", help=ENSEMBLE_HELP)
     p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional)")
     p.add_argument("--output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
@@ -143,12 +158,18 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
 def run_predict(args: argparse.Namespace) -> int:
     from lmforge.utils.io import atomic_open, prepare_output_file
 
-    output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.model, args.input],
+    folders = model_folders(args.model)
+    output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.input],
                                  option="--output")
-    model, task, tokenizer = load_task_model(args.model)
-    examples = task.read(args.input, labelled=False)
-    features = featurize(task, examples, tokenizer, args.input, training=False)
-    predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size)
+    if len(folders) > 1:
+        ensemble = Ensemble(folders)
+        task, examples = ensemble.task, ensemble.read(args.input, labelled=False)
+        predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size)
+    else:
+        model, task, tokenizer = load_task_model(folders[0])
+        examples = task.read(args.input, labelled=False)
+        features = featurize(task, examples, tokenizer, args.input, training=False)
+        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size)
     with atomic_open(output, "w") as f:
         for example, prediction in zip(examples, predictions, strict=True):
             f.write(json.dumps(task.record(example, prediction), ensure_ascii=False) + "\n")

@@ -128,6 +128,11 @@ def _load(directory: str) -> tuple[Any, Any, Architecture]:
     arch = loaded.config.arch
     family = architecture(arch)
     if not family.generates:
+        # a task model built on another family's folder (ELMo on its biLM): that folder generates
+        base = [name for name in architectures_with("generates") if architecture(name).finetune_as == arch]
+        if base:
+            raise LmforgeError(f"{directory} holds a fine-tuned {arch!r} model, which does not generate; generation "
+                               f"needs the {base[0]!r} folder it was fine-tuned from (its language model)")
         raise LmforgeError(f"{directory} holds a {arch!r} model; generation needs a GPT decoder (lmforge pretrain "
                            "--objective clm) or an encoder-decoder (lmforge train-seq2seq): one of "
                            f"{', '.join(architectures_with('generates'))}")

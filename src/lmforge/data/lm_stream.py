@@ -11,7 +11,8 @@ Batch format (int64 tensors, B = micro_batch_size rows, L = this window's length
 
 - ``input_ids`` (B, L) = rows[:, p : p + L], ``labels`` (B, L) = rows[:, p + 1 : p + L + 1] (the next tokens);
 - ``attention_mask`` (B, L), all 1 (counts tokens for the logs);
-- ``reset`` (B,): 1 on the first window of a pass over the stream (the state starts from zeros), else 0.
+- ``reset`` (B,): 1 on the first window of a pass over the stream (the state starts from zeros), else 0;
+- ``backward`` (B,), all 1, only when ``reverse`` (see below).
 
 Window lengths (training split, ``DataConfig.variable_bptt``; Merity et al. 2018, section 4.1): the base is
 ``seq_len`` with probability 0.95, else ``seq_len / 2``; the length is drawn from N(base, 5), at least 5 and at most
@@ -23,6 +24,16 @@ restarts it at zero at its first window (a few tokens of context lost once).
 
 Each training epoch concatenates the documents in a new order (keyed by (seed, epoch)), as fastai's LM data does;
 the eval stream keeps the corpus order.
+
+Backward language model (``reverse``; a model with ``ModelConfig.reverse``, which reads each row right to left):
+the same rows are read from their end to their start. Each window is still given in text order, the next window
+is the text to its left (the model's state, which stopped at the window's first token, continues there), and
+``labels[:, j]`` is the token before ``input_ids[:, j]`` (its previous token; the token left of the window for j =
+0). Concretely, with the rows flipped (F = rows[:, ::-1]) the windows are F's forward windows, each flipped back:
+``input_ids = F[:, p : p + L][:, ::-1]``, ``labels = F[:, p + 1 : p + L + 1][:, ::-1]``; the state (epoch,
+position) counts along F. Every batch then also has ``backward`` (B,), all 1, so that the objective refuses a
+forward model given backward windows (or the reverse). The pretraining recipe sets ``reverse`` from the model's
+config, whose flag a run started ``--init-from`` a backward LM inherits.
 """
 
 from __future__ import annotations
@@ -56,7 +67,8 @@ class LMStreamData:
     """Consecutive BPTT windows of a contiguous token stream (see the module docstring).
 
     The constructor has the signature of ``lmforge.data.pretraining.PretrainingData`` (``plan`` must be
-    ``"stream"``; ``masking`` must be None), so the pretraining recipe builds either the same way.
+    ``"stream"``; ``masking`` must be None), so the pretraining recipe builds either the same way; ``reverse``
+    (also an attribute, set by the recipe once the model's config is known): a backward LM's windows.
 
     Raises:
         LmforgeError: an empty split; ``batches`` also when the split is too short for one window per row.
@@ -64,7 +76,7 @@ class LMStreamData:
 
     def __init__(self, corpus: ShardedCorpus | str | Path | None, data_config: DataConfig, tokenizer, *,
                  plan: str = "stream", masking: str | None = None, split: str = "train", seed: int = 0,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, reverse: bool = False) -> None:
         if plan != "stream" or masking is not None:
             raise LmforgeError(f"LMStreamData reads plan 'stream' without masking, not plan={plan!r}, "
                                f"masking={masking!r}")
@@ -80,6 +92,7 @@ class LMStreamData:
             corpus = ShardedCorpus(corpus, tokenizer)
         self.corpus, self.config, self.split = corpus, data_config, split
         self.seed, self.rank, self.world_size = int(seed), rank, world_size
+        self.reverse = bool(reverse)  # a backward LM's windows (module docstring); may be set before batches()
         self.eos_id = int(tokenizer.sep_id)
         train_docs, eval_docs = split_documents(corpus.num_documents, data_config.eval_fraction)
         self.documents = train_docs if split == "train" else eval_docs
@@ -156,17 +169,27 @@ class LMStreamData:
         self._check_size(micro_batch_size * self.world_size, micro_batch_size)
         return self._train_batches(micro_batch_size)
 
+    def _reading_rows(self, n_rows: int, epoch: int) -> np.ndarray:
+        """This rank's rows in reading order: flipped for a backward LM."""
+        rows = self.rows(n_rows, epoch)[self.rank::self.world_size]
+        return rows[:, ::-1] if self.reverse else rows
+
     def _window(self, rows: np.ndarray, p: int, length: int) -> dict[str, torch.Tensor]:
         x = rows[:, p:p + length]
         y = rows[:, p + 1:p + length + 1]
+        if self.reverse:  # rows in reading order (flipped): the window back in text order, y = the previous tokens
+            x, y = x[:, ::-1], y[:, ::-1]
         B = rows.shape[0]
-        return {"input_ids": torch.from_numpy(np.ascontiguousarray(x)),
-                "labels": torch.from_numpy(np.ascontiguousarray(y)),
-                "attention_mask": torch.ones(x.shape, dtype=torch.long),
-                "reset": torch.full((B,), int(p == 0), dtype=torch.long)}
+        batch = {"input_ids": torch.from_numpy(np.ascontiguousarray(x)),
+                 "labels": torch.from_numpy(np.ascontiguousarray(y)),
+                 "attention_mask": torch.ones(x.shape, dtype=torch.long),
+                 "reset": torch.full((B,), int(p == 0), dtype=torch.long)}
+        if self.reverse:
+            batch["backward"] = torch.ones(B, dtype=torch.long)
+        return batch
 
     def _eval_batches(self, B: int) -> Iterator[dict[str, torch.Tensor]]:
-        rows = self.rows(B * self.world_size)[self.rank::self.world_size]
+        rows = self._reading_rows(B * self.world_size, 0)
         last = rows.shape[1] - 1  # the last position that has a next token
         for p in range(0, last, self.bptt):
             yield self._window(rows, p, min(self.bptt, last - p))
@@ -179,7 +202,7 @@ class LMStreamData:
     def _train_batches(self, B: int) -> Iterator[dict[str, torch.Tensor]]:
         while True:
             epoch = self._epoch
-            rows = self.rows(B * self.world_size, epoch)[self.rank::self.world_size]
+            rows = self._reading_rows(B * self.world_size, epoch)
             last = rows.shape[1] - 1
             while self._position < last:
                 p = self._position

@@ -25,6 +25,9 @@ the defaults of ``prepare`` and ``context``). ``adapter_for`` picks one for a mo
     AWDLSTM         a recurrent causal LM: the prompt (any padding, re-packed to the right) is read once, each row's
                     LSTM state taken after its own last token, then one token per step from that state. The state is
                     the cache, so ``use_cache`` changes nothing; no length limit.
+    BiLM            ELMo's biLM: its forward (left-to-right) LM alone (``BiLM.forward_lm``), exactly as AWDLSTM;
+                    the backward LM does not run. (A fine-tuned ``ELMoEncoder`` does not generate: use the biLM
+                    folder it was fine-tuned from.)
     RNNSeq2Seq, or any model with ``encode(src_ids, src_mask) -> state``, ``decode_step(prev_ids, state) ->
                     (logits, state)`` and ``reorder_state(state, index) -> state``: the recurrent state is the
                     cache, so ``use_cache`` changes nothing.
@@ -302,8 +305,11 @@ class RecurrentAdapter(ModelAdapter):
 
 
 class RecurrentLMAdapter(ModelAdapter):
-    """A recurrent causal language model (``AWDLSTM``): ``model(ids, attention_mask=, state=)`` returns
-    ``last_hidden_state`` and ``state``, ``model.lm_logits(h)`` the next-token scores, ``model.reorder_state``.
+    """A recurrent causal language model (``AWDLSTM``; ELMo's ``BiLM`` through its forward LM):
+    ``run(ids, attention_mask=, state=)`` returns ``last_hidden_state`` and ``state``, ``model.lm_logits(h)`` the
+    next-token scores, ``model.reorder_state(state, index)`` the kept rows of a state.
+
+    ``run`` is ``model`` itself by default (``AWDLSTM.forward``); ``BiLM`` passes ``model.forward_lm``.
 
     The prompt is continued (its tokens are the processors' context). Prompts are re-packed so each row's real
     tokens come first (right padding, which the model reads with packed sequences), and the logits of the first new
@@ -312,8 +318,12 @@ class RecurrentLMAdapter(ModelAdapter):
 
     input_name = "prompt"
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, run: Any = None) -> None:
+        if getattr(getattr(model, "config", None), "reverse", False):  # AWDLSTM with config.reverse
+            raise LmforgeError("cannot generate with a backward language model (model.reverse=true): it reads and "
+                               "predicts right to left; generate with the forward model")
         self.model = model
+        self.run = model if run is None else run
 
     def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         return input_ids, attention_mask
@@ -323,12 +333,12 @@ class RecurrentLMAdapter(ModelAdapter):
         order = torch.argsort(1 - real, dim=1, stable=True)  # real tokens first, in their order
         ids, real = input_ids.gather(1, order), real.gather(1, order)
         lengths = real.sum(1)  # (B,)
-        out = self.model(ids, attention_mask=None if bool(real.all()) else real)
+        out = self.run(ids, attention_mask=None if bool(real.all()) else real)
         last = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device), lengths - 1]  # (B, D)
         return self.model.lm_logits(last), out.state
 
     def step(self, state: Any, next_ids: Tensor) -> tuple[Tensor, Any]:
-        out = self.model(next_ids[:, None], state=state)
+        out = self.run(next_ids[:, None], state=state)
         return self.model.lm_logits(out.last_hidden_state[:, -1]), out.state
 
     def reorder(self, state: Any, index: Tensor) -> Any:
@@ -346,12 +356,19 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
         return model
     from lmforge.models.awd_lstm import AWDLSTM
     from lmforge.models.decoder import Decoder
+    from lmforge.models.elmo import BiLM, ELMoEncoder
     from lmforge.models.seq2seq import EncoderDecoder
 
     if isinstance(model, Decoder):
         return DecoderAdapter(model, use_cache)
     if isinstance(model, AWDLSTM):
         return RecurrentLMAdapter(model)
+    if isinstance(model, BiLM):
+        return RecurrentLMAdapter(model, run=model.forward_lm)
+    if isinstance(model, ELMoEncoder):
+        raise LmforgeError("cannot generate with an ELMoEncoder (a fine-tuned ELMo task model): generation runs the "
+                           "biLM's forward language model; use the biLM folder it was fine-tuned from (lmforge "
+                           "pretrain --objective bilm), or pass model.bilm")
     encoder_decoder = isinstance(model, EncoderDecoder)
     recurrent = all(callable(getattr(model, name, None)) for name in ("encode", "decode_step", "reorder_state"))
     if encoder_decoder or recurrent:
@@ -361,5 +378,5 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
                                "cls_id)")
         return EncoderDecoderAdapter(model, bos_id, use_cache) if encoder_decoder else RecurrentAdapter(model, bos_id)
     raise LmforgeError(f"cannot generate with a {type(model).__name__}: generation needs a Decoder (GPT), an "
-                       "AWDLSTM, an EncoderDecoder, an RNNSeq2Seq (encode/decode_step/reorder_state), or an adapter "
-                       "with start/step/reorder")
+                       "AWDLSTM, ELMo's BiLM (its forward LM), an EncoderDecoder, an RNNSeq2Seq "
+                       "(encode/decode_step/reorder_state), or an adapter with start/step/reorder")

@@ -33,6 +33,19 @@ continues from it.
 
 Masks follow ``lmforge.nn.masks``: ``attention_mask`` (B, T), 1 = real token, 0 = padding; padding must be on the
 right (each row's real tokens first), as the fine-tuning collate and the stream data make it.
+
+Backward model (``config.reverse = True``; ULMFiT sections 3.4 and 4, "bidirectional language model": a forward and
+a backward model, each fine-tuned into a classifier, their predictions averaged): the same network reads each row's
+real tokens right to left; the padding stays on the right, so callers pass text in its natural order with the same
+masks. Inside, the ids are permuted into reading order (row i: x[n_i - 1], ..., x[0], then its padding), the stack
+runs as above, and every per-position output is put back at its input position: ``last_hidden_state[:, k]`` has
+read tokens k..n-1 (those >= k) and nothing before k, and ``logits[:, k]`` scores token k - 1, the previous one.
+Concat pooling is taken in reading order, so its h_T is the state after the whole row (at input position 0); max
+and mean do not depend on the order. ``state`` is where each row stopped, after its first token: the state that
+continues the reading into the text to its left. BPT3C windows follow the reading order (the gradient reaches a
+long document's first tokens, which are read last), as fastai's backward models on flipped text. A backward LM is
+trained on the stream read right to left (``LMStreamData`` with ``reverse``, labels = the previous tokens), and
+generation refuses it (it would write text backwards).
 """
 
 from __future__ import annotations
@@ -92,9 +105,10 @@ class AWDLSTM(nn.Module):
     Config fields used: ``vocab_size``, ``d_model`` (D: embedding width, the last layer's width), ``d_hidden`` (H),
     ``n_layers`` (L >= 1), ``embed_p``, ``input_p``, ``hidden_p``, ``weight_p``, ``output_p`` (fastai's AWD-LSTM
     classifier defaults 0.05, 0.4, 0.3, 0.5, 0.4), ``bptt`` and ``bpt3c_grad_len`` (BPT3C), ``pad_token_id`` (a
-    zero embedding row). The embedding is always tied to the decoder (Inan et al. 2017; Press & Wolf 2017), as in
-    the paper; ``tie_embeddings=False`` is refused. Not used: the Transformer fields, ``rnn_cell`` (always LSTM),
-    ``bidirectional`` (a backward LM is this model on reversed text), ``dropout``.
+    zero embedding row), ``reverse`` (a backward model: each row read right to left). The embedding is always tied
+    to the decoder (Inan et al. 2017; Press & Wolf 2017), as in the paper; ``tie_embeddings=False`` is refused. Not
+    used: the Transformer fields, ``rnn_cell`` (always LSTM), ``bidirectional`` (a backward LM is this model with
+    ``reverse=True``: see the module docstring), ``dropout``.
 
     Initialisation: embedding U(-1, 1) with a zero padding row (deviation from Merity et al.'s U(-0.1, 0.1): see
     ``EMBEDDING_INIT``), decoder bias 0, LSTM PyTorch's default U(-1/sqrt(H), 1/sqrt(H)).
@@ -154,7 +168,8 @@ class AWDLSTM(nn.Module):
 
         Returns:
             ``AWDLSTMOutput``: last_hidden_state (B, T, D) (0 at padding), pooled_output (B, 3D), hidden_states or
-            None, attentions None, ``state``, ``logits`` (B, T, V) on access.
+            None, attentions None, ``state``, ``logits`` (B, T, V) on access. With ``config.reverse`` the outputs
+            stay at their input positions and each has read the tokens at and after it (module docstring).
 
         Raises:
             LmforgeError: bad ids or mask, padding on the left or inside a row, a state of the wrong shape.
@@ -165,6 +180,9 @@ class AWDLSTM(nn.Module):
         check_flag(output_attentions, "output_attentions")
         mask, lengths = self._lengths(attention_mask, B, T)
         state = self._check_state(state, B, input_ids.device)
+        order = self._reading_order(lengths, B, T, input_ids.device) if cfg.reverse else None
+        if order is not None:  # a backward LM: each row's real tokens right to left, padding still on the right
+            input_ids = input_ids.gather(1, order)
         # every mask drawn once for the whole call (all windows): the same dropped words, units and connections
         embedding = embedding_dropout(self.embeddings.weight, cfg.embed_p, self.training)  # (V, D)
         first = next(self.parameters())
@@ -186,7 +204,10 @@ class AWDLSTM(nn.Module):
             pieces.append(outs)
         layer_outputs = [torch.cat([p[i] for p in pieces], dim=1) for i in range(len(pieces[0]))]
         h = layer_outputs[-1]  # (B, T, D) the raw last layer
-        pooled = concat_pool(h, mask)  # (B, 3D)
+        pooled = concat_pool(h, mask)  # (B, 3D); reversed: h_T in reading order, the state after the first token
+        if order is not None:  # back to the input's positions (the reading order is its own inverse)
+            layer_outputs = [o.gather(1, order[:, :, None].expand_as(o)) for o in layer_outputs]
+            h = layer_outputs[-1]
         hidden_states = tuple(layer_outputs) if output_hidden_states else None
         out = AWDLSTMOutput(h, pooled, hidden_states, None)
         out.__dict__.update(_state=state, _decode=self.lm_logits)
@@ -245,6 +266,16 @@ class AWDLSTM(nn.Module):
         return F.linear(h, self.embeddings.weight, self.lm_bias)
 
     # ------------------------------------------------------------------------------------------ state and checks
+    @staticmethod
+    def _reading_order(lengths: Tensor | None, B: int, T: int, device: torch.device) -> Tensor:
+        """(B, T): the input position read at each step of a backward model: a row's real tokens last to first,
+        then its padding where it was. The permutation is its own inverse."""
+        position = torch.arange(T, device=device).expand(B, T)
+        if lengths is None:
+            return position.flip(1)
+        n = lengths[:, None]
+        return torch.where(position < n, n - 1 - position, position)
+
     def _lengths(self, attention_mask: Tensor | None, B: int, T: int) -> tuple[Tensor | None, Tensor | None]:
         """(mask (B, T) bool, lengths (B,)) or (None, None) without padding; refuses padding that is not on the
         right."""

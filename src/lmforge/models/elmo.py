@@ -24,6 +24,9 @@ the real targets (the objective averages the two, section 3.1's joint log-likeli
 ``softmax_samples`` > 0 a sampled softmax during training (Jean et al. 2015; uniform negatives shared by the batch,
 accidental hits removed; evaluation always uses the full softmax).
 
+``BiLM.forward_lm`` runs the forward LM alone, its LSTM state carried from call to call (``lm_logits``,
+``reorder_state``): what generation continues a prompt with (``lmforge generate`` on a biLM folder).
+
 ``ELMoEncoder`` (fine-tuning, section 3.3): the biLM frozen (no gradient, eval mode), its L + 1 layers mixed by a
 learned ``ScalarMix`` (ELMo_k = gamma sum_j s_j h_{k,j}), then a task BiLSTM (width D) and attention pooling: the
 token head reads its states, the sequence head the pooled vector.
@@ -41,11 +44,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lmforge.config import ModelConfig, from_dict, to_dict
 from lmforge.errors import LmforgeError
@@ -55,7 +59,10 @@ from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import AttentionPooling, StackedRNN, compact_padding
 from lmforge.nn.scalar_mix import ScalarMix
 
-__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder"]
+__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState"]
+
+#: the forward LM's recurrent state: per layer (h (1, B, D), c (1, B, Dc)).
+LSTMState = list[tuple[Tensor, Tensor]]
 
 
 class BiLMOutput(NamedTuple):
@@ -78,6 +85,20 @@ class BiLMOutput(NamedTuple):
     forward_nll: Tensor | None = None
     backward_nll: Tensor | None = None
     n_predictions: Tensor | None = None
+
+
+class ForwardLMOutput(NamedTuple):
+    """What ``BiLM.forward_lm`` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D) the forward LM's top layer f_L, 0 at padding.
+        state: the forward LSTMs' state after each row's last real token: per layer (h (1, B, D), c (1, B, Dc)).
+        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, D): x, then f_1 .. f_L.
+    """
+
+    last_hidden_state: Tensor
+    state: LSTMState
+    hidden_states: tuple[Tensor, ...] | None = None
 
 
 def _lstm(d_in: int, d_cell: int, d_out: int) -> nn.LSTM:
@@ -217,6 +238,98 @@ class BiLM(nn.Module):
         sampled = sampled.masked_fill(negatives.unsqueeze(0) == targets.unsqueeze(-1), float("-inf"))
         # uniform proposal: the log Q correction is the same for every class and cancels
         return -torch.log_softmax(torch.cat([true, sampled], -1).float(), -1)[:, 0].sum()
+
+    # ------------------------------------------------------------------------------------- the forward LM alone
+    def forward_lm(self, input_ids: Tensor, attention_mask: Tensor | None = None, state: LSTMState | None = None,
+                   output_hidden_states: bool = False) -> ForwardLMOutput:
+        """Run the forward (left-to-right) language model alone, carrying its LSTM state: what generation steps.
+
+        The states are those of ``forward`` (the first D columns of each layer [f_j; b_j]; residual from layer 2
+        on, dropout on each layer's input when training); the backward LM does not run.
+
+        Args:
+            input_ids: (B, T) token ids.
+            attention_mask: (B, T) 1 = real token, 0 = padding (anywhere: the real tokens of a row are read in their
+                order); default all real. A row without real tokens keeps its state.
+            state: the ``state`` of a previous call (the text so far); None = zero states (a new text).
+            output_hidden_states: also return the L + 1 layers x, f_1 .. f_L.
+
+        Returns:
+            ``ForwardLMOutput``: the top states (B, T, D), 0 at padding, and each layer's (h, c) after each row's own
+            last real token; ``lm_logits`` of a state gives the scores of the next token.
+        """
+        check_flag(output_hidden_states, "output_hidden_states")
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        mask = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None \
+            else key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) True = real
+        state = self._check_lm_state(state, B)
+        order, lengths = compact_padding(mask)
+        if order is not None:  # real tokens first: each row's LSTM then stops at its own last token
+            input_ids = input_ids.gather(1, order)
+        real = torch.arange(T, device=input_ids.device) < lengths.unsqueeze(-1)  # (B, T) right-padded layout
+        x = self.token_representation(input_ids)  # (B, T, D)
+        ragged = not bool(real.all())
+        layers, new_state = [x], []
+        f_in = x
+        for i, layer in enumerate(self.layers):
+            hx = None if state is None else state[i]
+            f_out, hc = self._run_forward_lstm(layer["forward_lstm"], self.dropout(f_in), lengths, hx, ragged)
+            if i > 0:  # residual, as in _run
+                f_out = f_out + f_in
+            layers.append(f_out)
+            new_state.append(hc)
+            f_in = f_out
+        keep = real.unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        layers = [h * keep for h in layers]
+        if order is not None:  # back to the input layout
+            layers = [torch.zeros_like(h).scatter_(1, order.unsqueeze(-1).expand_as(h), h) for h in layers]
+        return ForwardLMOutput(layers[-1], new_state, tuple(layers) if output_hidden_states else None)
+
+    @staticmethod
+    def _run_forward_lstm(lstm: nn.LSTM, x: Tensor, lengths: Tensor, hx: tuple[Tensor, Tensor] | None,
+                          ragged: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """One forward LSTM over right-padded ``x`` (B, T, D_in); the (h, c) after each row's last real token (a
+        row of length 0 keeps ``hx``)."""
+        if not ragged:
+            out, (h, c) = lstm(x, hx)
+            return out, (h, c)
+        B, T = x.shape[:2]
+        rows = (lengths > 0).nonzero().flatten()  # pack_padded_sequence refuses empty rows
+        if hx is None:
+            width = lstm.proj_size or lstm.hidden_size
+            hx = (x.new_zeros(1, B, width), x.new_zeros(1, B, lstm.hidden_size))
+        packed = pack_padded_sequence(x[rows], lengths[rows].cpu(), batch_first=True, enforce_sorted=False)
+        sub, (h, c) = lstm(packed, (hx[0][:, rows].contiguous(), hx[1][:, rows].contiguous()))
+        sub, _ = pad_packed_sequence(sub, batch_first=True, total_length=T)  # (b, T, D), 0 at padding
+        out = x.new_zeros(B, T, sub.shape[-1]).index_copy(0, rows, sub)
+        return out, (hx[0].index_copy(1, rows, h), hx[1].index_copy(1, rows, c))
+
+    def _check_lm_state(self, state: Any, B: int) -> LSTMState | None:
+        if state is None:
+            return None
+        L = len(self.layers)
+        if not isinstance(state, list | tuple) or len(state) != L:
+            raise LmforgeError(f"state must be a list of {L} (h, c) pairs, one per forward LSTM layer (the .state of "
+                               "a previous forward_lm call)")
+        for layer, pair in zip(self.layers, state, strict=True):
+            lstm = layer["forward_lstm"]
+            want = [(1, B, lstm.proj_size or lstm.hidden_size), (1, B, lstm.hidden_size)]
+            if not isinstance(pair, list | tuple) or len(pair) != 2 or \
+                    [tuple(getattr(t, "shape", ())) for t in pair] != want:
+                got = [tuple(getattr(t, "shape", ())) for t in pair] if isinstance(pair, list | tuple) else pair
+                raise LmforgeError(f"state tensors must be (h, c) of shapes {want}; got {got}: the state belongs to "
+                                   "another batch size or model")
+        return [(h, c) for h, c in state]
+
+    def lm_logits(self, h: Tensor) -> Tensor:
+        """Next-token scores (..., V) from forward states h (..., D) (or previous-token scores from backward states):
+        the softmax the two directions share."""
+        return self.softmax(h)
+
+    @staticmethod
+    def reorder_state(state: LSTMState, index: Tensor) -> LSTMState:
+        """Keep rows ``index`` (B',) of a ``forward_lm`` state, in that order (beam search, expanding prompts)."""
+        return [(h.index_select(1, index), c.index_select(1, index)) for h, c in state]
 
     def extra_repr(self) -> str:
         c = self.config

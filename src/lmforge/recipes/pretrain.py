@@ -96,7 +96,7 @@ def _start_model(run: PretrainRun, vocab_size: int):
     loaded = load_backbone(run.init_from)
     values = {**to_dict(loaded.config), **run.model}
     config = from_dict(ModelConfig, values, where=f"--init-from {run.init_from} with the run's model settings")
-    sizes = [k for k in ("arch", "vocab_size", "d_model", "n_layers", "d_hidden", "d_ff", "n_heads")
+    sizes = [k for k in ("arch", "vocab_size", "d_model", "n_layers", "d_hidden", "d_ff", "n_heads", "reverse")
              if getattr(config, k) != getattr(loaded.config, k)]
     if sizes:
         raise LmforgeError(f"--init-from {run.init_from}: the run's model settings change {', '.join(sizes)}; "
@@ -167,6 +167,9 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
     model, config, _ = build_pretraining_model(run, tokenizer.vocab_size)  # its config and head travel with it
+    for split_data in (train, evaluation):  # a backward AWD-LSTM LM reads the stream right to left
+        if isinstance(split_data, LMStreamData):
+            split_data.reverse = bool(getattr(config, "reverse", False))
     give_vocabulary(getattr(model, "backbone", model), config, tokenizer)
     objective = get_objective(run.data.objective).loss(run.data)
     scales = None
