@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 
 import pytest
@@ -267,3 +268,79 @@ def test_static_vectors_fall_back_to_the_fast_mode_without_the_compiled_loop(tmp
         out = train_static_vectors("word2vec", sentences, tmp_path / "w2v.txt", dim=4, epochs=1, window=2, seed=0)
     assert out.read_text().splitlines()[0] == "300 4"
     assert "mode fast" in caplog.text
+
+
+def test_a_forward_and_backward_ensemble_and_a_pretrain_table_added_on_resume(tmp_path, capsys):
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    common = f"""
+out = "{tmp_path / 'out'}"
+data = "{data}"
+test_fraction = 0.25
+sizes = [3]
+seeds = [0]
+vocab_size = 120
+max_length = 16
+keep_models = true
+
+[[pretrain]]
+name = "fwd"
+preset = "awd-lstm-small"
+objective = "awd_lm"
+model = {{ d_model = 16, d_hidden = 32 }}
+data = {{ seq_len = 8 }}
+train = {{ max_steps = 3, batch_size = 4 }}
+"""
+    approach = """
+[[approach]]
+name = "ULMFiT"
+family = "finetune"
+model = "@fwd"
+lr = 4e-3
+epochs = 2
+min_steps = 2
+"""
+    config = tmp_path / "compare.toml"
+    config.write_text(common + approach, encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config)]) == 0
+    # a new [[pretrain]] table and an approach that uses it: the finished run and the forward model are kept
+    config.write_text(common + """
+[[pretrain]]
+name = "bwd"
+preset = "awd-lstm-small"
+objective = "awd_lm"
+model = { d_model = 16, d_hidden = 32, reverse = true }
+data = { seq_len = 8 }
+train = { max_steps = 3, batch_size = 4 }
+""" + approach + """
+[[approach]]
+name = "ULMFiT fwd+bwd"
+family = "finetune"
+model = "@fwd"
+ensemble = ["@bwd"]
+lr = 4e-3
+epochs = 2
+min_steps = 2
+""", encoding="utf-8")
+    out = tmp_path / "out"
+    forward_weights = (out / "pretrained" / "fwd" / "model.safetensors").stat().st_mtime_ns
+    assert main(["-q", "compare", "--config", str(config), "--resume"]) == 0
+    assert (out / "pretrained" / "fwd" / "model.safetensors").stat().st_mtime_ns == forward_weights
+    assert json.loads((out / "pretrained" / "bwd" / "config.json").read_text())["model"]["reverse"] is True
+    assert set(json.loads((out / "pretrained.json").read_text())) == {"fwd", "bwd"}
+    rows = {r["approach"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert set(rows) == {"ULMFiT", "ULMFiT fwd+bwd"}
+    members = [out / "runs" / "ULMFiT_fwd+bwd-3-0", out / "runs" / "ULMFiT_fwd+bwd-3-0-2"]
+    assert all((m / "config.json").is_file() for m in members)
+    from lmforge.recipes.ensemble import Ensemble
+
+    ensemble = Ensemble([str(m) for m in members])
+    test_file = str(out / "data" / "test.csv")
+    examples = ensemble.read(test_file, labelled=True)
+    expected = ensemble.task.metrics(examples, ensemble.predict(examples, test_file))
+    assert float(rows["ULMFiT fwd+bwd"]["accuracy"]) == pytest.approx(expected["accuracy"], abs=1e-6)
+    # a changed table is still refused, by name
+    config.write_text(config.read_text().replace("max_steps = 3, batch_size = 4 }\n\n[[approach]]",
+                                                 "max_steps = 4, batch_size = 4 }\n\n[[approach]]", 1), "utf-8")
+    capsys.readouterr()
+    assert main(["-q", "compare", "--config", str(config), "--resume"]) != 0
+    assert "[[pretrain]] 'bwd' (changed)" in capsys.readouterr().err

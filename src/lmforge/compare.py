@@ -67,6 +67,9 @@ class Approach:
     batch_size: int = 16
     task: dict[str, Any] = field(default_factory=dict)  # TaskConfig overrides
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides
+    # more models fine-tuned the same way, their class probabilities averaged with this one's on the test set
+    # (ULMFiT's forward + backward ensemble: ensemble = ["@awd-lstm-bwd"])
+    ensemble: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -75,6 +78,13 @@ class Approach:
             raise LmforgeError(f"approach {self.name!r}: family={self.family!r} is not one of {', '.join(FAMILIES)}")
         if self.vectors not in ("", "word2vec", "glove"):
             raise LmforgeError(f"approach {self.name!r}: vectors={self.vectors!r} is not word2vec or glove")
+        if self.ensemble and (self.vectors or self.model in self.ensemble):
+            raise LmforgeError(f"approach {self.name!r}: ensemble={self.ensemble!r} lists other models to average "
+                               "with model (not model itself), and does not combine with vectors")
+
+    def models(self) -> list[str]:
+        """``model`` then the ``ensemble`` members."""
+        return [self.model, *self.ensemble]
 
 
 RESERVED = ("minilm", "pretrained")  # @NAME sources that are not [[pretrain]] tables
@@ -274,18 +284,20 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
 
 
 # ---------------------------------------------------------------------------------------------- runs
-def _model_source(approach: Approach, config: CompareConfig) -> str:
-    if approach.model.startswith("@") and config.spec(approach.model[1:]) is not None:
-        return str(Path(config.out) / "pretrained" / approach.model[1:])
-    if approach.model == "@minilm":
+def _model_source(approach: Approach, config: CompareConfig, model: str | None = None) -> str:
+    """The folder or preset of ``model`` (default: the approach's own; an ``ensemble`` member otherwise)."""
+    model = approach.model if model is None else model
+    if model.startswith("@") and config.spec(model[1:]) is not None:
+        return str(Path(config.out) / "pretrained" / model[1:])
+    if model == "@minilm":
         from lmforge.data.corpora import minilm_dir
 
         return str(minilm_dir())
-    if approach.model == "@pretrained":
+    if model == "@pretrained":
         if not config.pretrained:
             raise LmforgeError(f"approach {approach.name!r} uses @pretrained but the config sets no pretrained folder")
         return config.pretrained
-    return approach.model
+    return model
 
 
 def check_sources(config: CompareConfig) -> None:
@@ -295,11 +307,11 @@ def check_sources(config: CompareConfig) -> None:
     for spec in config.pretrain:
         if spec.preset not in PRESETS:
             raise LmforgeError(f"[[pretrain]] {spec.name!r}: preset={spec.preset!r} is not one of {', '.join(PRESETS)}")
-    for approach in config.approach:
-        if approach.model.startswith("@") and config.spec(approach.model[1:]) is not None:
+    for approach, model in ((a, m) for a in config.approach for m in a.models()):
+        if model.startswith("@") and config.spec(model[1:]) is not None:
             continue  # pretrained by the comparison itself
-        source = _model_source(approach, config)
-        if approach.model == "@pretrained" and not (Path(source) / "config.json").is_file():
+        source = _model_source(approach, config, model)
+        if model == "@pretrained" and not (Path(source) / "config.json").is_file():
             raise LmforgeError(f"approach {approach.name!r} uses @pretrained = {source!r}, which is not a model folder "
                                "(no config.json); pretrain one first (`make demo` leaves runs/demo/bert-mini), set "
                                "`pretrained` in the config, or leave the approach out with --only")
@@ -319,12 +331,18 @@ def _run_key(approach: Approach, size: int, seed: int) -> str:
     return json.dumps({"approach": dataclasses.asdict(approach), "size": size, "seed": seed}, sort_keys=True)
 
 
+def _changed_tables(before: Any, after: Any) -> list[str]:
+    """Names of the [[pretrain]] tables present before and now with other settings. A table added or removed on
+    resume changes nothing that was run (its model is pretrained when first needed, under its own name); a changed
+    one would leave finished runs that used the old model."""
+    old = {p.get("name"): p for p in before or []}
+    new = {p.get("name"): p for p in after or []}
+    return sorted(n for n in old.keys() & new.keys() if old[n] != new[n])
+
+
 def _describe_change(key: str, before: Any, after: Any) -> str:
     if key == "pretrain":  # a list of tables: name the ones that differ instead of printing both lists
-        old = {p.get("name"): p for p in before or []}
-        new = {p.get("name"): p for p in after or []}
-        names = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
-        return f"[[pretrain]] {', '.join(map(repr, names))} (changed, added or removed)"
+        return f"[[pretrain]] {', '.join(map(repr, _changed_tables(before, after)))} (changed)"
     return f"{key} (was {before!r}, now {after!r})"
 
 
@@ -343,7 +361,9 @@ def prepare_out(config: CompareConfig, *, resume: bool, overwrite: bool) -> dict
         if resume and saved_path.is_file():
             saved = json.loads(saved_path.read_text(encoding="utf-8"))
             current = to_dict(config)
-            changed = [_describe_change(k, saved.get(k), current[k]) for k in SETUP_KEYS if saved.get(k) != current[k]]
+            differs = {k: _changed_tables(saved.get(k), current[k]) if k == "pretrain" else saved.get(k) != current[k]
+                       for k in SETUP_KEYS}
+            changed = [_describe_change(k, saved.get(k), current[k]) for k in SETUP_KEYS if differs[k]]
             if changed:
                 raise LmforgeError(f"cannot resume the comparison in {out}: {'; '.join(changed)}. Only sizes, seeds "
                                    "and approaches may change on resume; use another --out or --overwrite")
@@ -377,13 +397,21 @@ def _append_record(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def member_dirs(run_dir: Path, approach: Approach) -> list[Path]:
+    """The run folder of each model of an approach: ``run_dir``, then ``run_dir-2``, ... for ``ensemble`` members."""
+    return [run_dir] + [run_dir.with_name(f"{run_dir.name}-{k}") for k in range(2, len(approach.models()) + 1)]
+
+
 def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_file: Path, n_train: int, seed: int,
             tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
-    """Fine-tune one approach on one subset; returns the test metrics and the wall time."""
+    """Fine-tune one approach on one subset; returns the test metrics and the wall time.
+
+    With ``approach.ensemble``, every member is fine-tuned the same way (same subset, seed and settings; folders
+    ``run_dir``, ``run_dir-2``, ...) and the test metrics are those of their averaged class probabilities
+    (``lmforge.recipes.ensemble``); the time and steps are the members' sums."""
     from lmforge.config import TaskConfig, TrainConfig
     from lmforge.recipes.finetune import FinetuneRun, build_finetune_trainer
 
-    source = _model_source(approach, config)
     per_epoch = max(1, math.ceil(n_train / approach.batch_size))
     epochs = max(approach.epochs, approach.min_steps / per_epoch)
     task = from_dict(TaskConfig, {
@@ -394,21 +422,32 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
         "lr": approach.lr, "batch_size": approach.batch_size, "warmup_ratio": 0.1, "seed": seed, "eps": 1e-8,
         "log_every": 10, "eval_every": 10**9, "save_every": 10**9, "keep_last": 1,  # evaluate once, at the end
         **approach.train}, where=f"approach {approach.name!r}: train")
-    run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
-                      preset_options=dict(approach.preset_options), train_file=str(train_file), dev_file=str(test_file),
-                      out=str(run_dir), task=task, train=train)
     start = time.perf_counter()
-    level = log.level
-    log.setLevel(logging.WARNING)  # one summary line per run instead of every checkpoint and evaluation
-    try:
-        trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
-        trainer.fit()
-    finally:
-        log.setLevel(level)
+    folders, steps = [], 0
+    for model, folder in zip(approach.models(), member_dirs(run_dir, approach), strict=True):
+        source = _model_source(approach, config, model)
+        run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
+                          preset_options=dict(approach.preset_options), train_file=str(train_file),
+                          dev_file=str(test_file), out=str(folder), task=task, train=train)
+        level = log.level
+        log.setLevel(logging.WARNING)  # one summary line per run instead of every checkpoint and evaluation
+        try:
+            trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
+            trainer.fit()
+        finally:
+            log.setLevel(level)
+        folders.append(str(folder))
+        steps += trainer.step
+        record = trainer.last_eval
+    if len(folders) > 1:
+        from lmforge.recipes.ensemble import Ensemble
+
+        ensemble = Ensemble(folders)
+        examples = ensemble.read(str(test_file), labelled=True)
+        record = ensemble.task.metrics(examples, ensemble.predict(examples, str(test_file)))
     seconds = time.perf_counter() - start
-    record = trainer.last_eval
     return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,
-            "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": trainer.step}
+            "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": steps}
 
 
 def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = False,
@@ -475,11 +514,13 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
     pretrain_path = out / "pretrained.json"
     pretrain_seconds: dict[str, float] = (json.loads(pretrain_path.read_text(encoding="utf-8"))
                                           if pretrain_path.is_file() else {})
-    for name in sorted({a.model[1:] for a in config.approach if config.spec(a.model[1:]) is not None}):
+    for name in sorted({m[1:] for a in config.approach for m in a.models() if config.spec(m[1:]) is not None}):
         if name in pretrain_seconds and (out / "pretrained" / name / "config.json").is_file():
             continue  # resuming: pretrained before
         pretrain_seconds[name] = pretrain_here(config.spec(name), train_texts, tokenizer_dir, data_dir / "pretraining",
                                                out / "pretrained" / name, seed=config.split_seed)
+        if pretrain_path.is_file():  # another comparison in this folder may have pretrained a model meanwhile
+            pretrain_seconds = {**json.loads(pretrain_path.read_text(encoding="utf-8")), **pretrain_seconds}
         atomic_write_text(pretrain_path, json.dumps(pretrain_seconds) + "\n")
 
     runs = [(a, size, seed) for a in config.approach for size in config.sizes for seed in config.seeds]
@@ -494,15 +535,17 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
             results.append(finished[key])
             continue
         run_dir = out / "runs" / f"{approach.name.replace(' ', '_').replace('/', '-')}-{size}-{seed}"
-        if run_dir.exists():  # cut off by an interruption: our own scratch folder, started again
-            shutil.rmtree(run_dir)
+        for folder in member_dirs(run_dir, approach):
+            if folder.exists():  # cut off by an interruption: our own scratch folder, started again
+                shutil.rmtree(folder)
         result = run_one(approach, config, train_file, test_file, len(chosen), seed, tokenizer_dir, vectors, run_dir)
         result["per_class"] = size
         results.append(result)
         if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            for name in ("model.safetensors", "vocab.txt"):
-                (run_dir / name).unlink(missing_ok=True)
+            for folder in member_dirs(run_dir, approach):
+                shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+                for name in ("model.safetensors", "vocab.txt"):
+                    (folder / name).unlink(missing_ok=True)
         _append_record(out / RUNS_NAME, {"key": key, "result": result})
         log.info("compare: %s, %s per class, seed %d: accuracy %.3f, macro-F1 %.3f (%.0f s)", approach.name,
                  size or "all", seed, result["accuracy"], result["f1"], result["seconds"])
