@@ -117,3 +117,21 @@ def test_a_corpus_too_small_for_the_bptt_length(ulmfit, tmp_path, capsys):
     assert code != 0
     assert "fewer than one BPTT window of data.seq_len=100000 + 1; add text, or lower --seq-len" in \
         capsys.readouterr().err
+
+
+def test_a_pretrained_folder_fine_tunes_with_other_dropouts_but_not_other_sizes(ulmfit):
+    import torch
+
+    from lmforge.errors import LmforgeError
+    from lmforge.recipes.finetune import load_encoder
+
+    lm = load_pretrained(ulmfit / "lm_b")
+    backbone, config, _ = load_encoder(str(ulmfit / "lm_b"), preset_options={"output_p": 0.2, "weight_p": 0.1})
+    assert (config.output_p, config.weight_p) == (0.2, 0.1)
+    assert backbone.layers[0].weight_p == 0.1  # the DropConnect module was rebuilt with the new rate
+    weights = lm.model.state_dict()
+    mine = backbone.state_dict()
+    assert weights.keys() <= mine.keys()
+    assert all(torch.equal(mine[k], weights[k]) for k in weights if k in mine)
+    with pytest.raises(LmforgeError, match=r"--model\.d_model.*dropouts may change.*--model\.output_p"):
+        load_encoder(str(ulmfit / "lm_b"), preset_options={"d_model": 8})

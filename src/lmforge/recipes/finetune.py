@@ -16,6 +16,7 @@ from typing import Any
 
 from lmforge.config import (
     PRESETS,
+    ModelConfig,
     TaskConfig,
     TrainConfig,
     from_dict,
@@ -30,6 +31,10 @@ log = logging.getLogger("lmforge")
 # 10% linear warm-up as in google-research/bert's run_classifier.py.
 FINETUNE_DEFAULTS: dict[str, Any] = {"train": {"lr": 5e-5, "batch_size": 32, "warmup_ratio": 0.1, "log_every": 10,
                                                "eps": 1e-8}}
+
+# ModelConfig fields a pretrained model folder may change when fine-tuned (--model.NAME=VALUE): the dropout rates,
+# which shape no weight (e.g. ULMFiT's classifier dropouts, fastai's drop_mult, against the LM's own).
+DROPOUT_SETTINGS = ("dropout", "attention_dropout", "embed_p", "input_p", "hidden_p", "weight_p", "output_p")
 
 
 @dataclass
@@ -62,9 +67,16 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
         loaded = load_backbone(path)
         backbone, config = loaded.model, loaded.config
         if preset_options and not architecture(config.arch).finetune_as:  # a wrapping family takes its options
-            shown = ", ".join(f"--model.{k}" for k in preset_options)
-            raise LmforgeError(f"model settings ({shown}) only apply when --model is a preset name, not a folder "
-                               f"({source})")
+            others = [k for k in preset_options if k not in DROPOUT_SETTINGS]
+            if others:
+                shown = ", ".join(f"--model.{k}" for k in others)
+                raise LmforgeError(f"model settings ({shown}) only apply when --model is a preset name, not a folder "
+                                   f"({source}); a pretrained model's dropouts may change: "
+                                   f"{', '.join(f'--model.{k}' for k in DROPOUT_SETTINGS)}")
+            # the same weights under other dropout rates (fastai's drop_mult): rebuilt, then its weights loaded
+            config = from_dict(ModelConfig, {**to_dict(config), **preset_options}, where=f"--model {source}")
+            backbone = build_backbone(config)
+            backbone.load_state_dict(loaded.model.state_dict())
         tokenizer = tokenizer or loaded.tokenizer
         if tokenizer is None:
             raise InputFileError(f"{path}: the model folder has no tokenizer (vocab.txt); pass --tokenizer DIR "
