@@ -43,7 +43,8 @@ COMMANDS: dict[str, Command] = {
                  finetune_cmd.add_evaluate_arguments, finetune_cmd.run_evaluate),
     "predict": ("predictions of a fine-tuned model for a file of inputs (JSONL)", finetune_cmd.add_predict_arguments,
                 finetune_cmd.run_predict),
-    "generate": ("generate text: continue prompts (GPT) or write targets (encoder-decoder); greedy, beam, sampling",
+    "generate": ("generate text: continue prompts (GPT, AWD-LSTM, biLM) or write targets (encoder-decoder); "
+                 "greedy, beam, sampling",
                  generate_cmd.add_generate_arguments, generate_cmd.run_generate),
     "train-seq2seq": ("train a Transformer or attentional-RNN encoder-decoder on text pairs (BBC headlines built in)",
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),

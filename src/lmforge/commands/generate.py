@@ -1,7 +1,8 @@
-"""``lmforge generate``: continue prompts with a GPT model, or write targets with an encoder-decoder.
+"""``lmforge generate``: continue prompts with a language model, or write targets with an encoder-decoder.
 
 The model folder is an lmforge folder with its WordPiece tokenizer (``vocab.txt``): a ``Decoder`` from
-``lmforge pretrain --objective clm``, or an ``EncoderDecoder`` / ``RNNSeq2Seq`` from ``lmforge train-seq2seq``.
+``lmforge pretrain --objective clm``, an ``AWDLSTM`` from ``--objective awd_lm`` or a ``BiLM`` from ``--objective
+bilm`` (its forward LM), or an ``EncoderDecoder`` / ``RNNSeq2Seq`` from ``lmforge train-seq2seq``.
 How a text becomes ids mirrors training:
 
 * decoder-only: ``[SEP]`` followed by the text's pieces. Causal-LM training streams documents each followed by
@@ -39,7 +40,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                 "--seed 1;  lmforge generate --model runs/headlines --input articles.txt --strategy beam --beams 4 "
                 "--length-penalty gnmt:0.6")
     p.add_argument("--model", required=True, metavar="DIR",
-                   help="an lmforge model folder with its tokenizer (GPT decoder, Transformer or RNN seq2seq)")
+                   help="an lmforge model folder with its tokenizer (GPT decoder, AWD-LSTM or biLM language model, "
+                        "Transformer or RNN seq2seq)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT", help="one prompt (decoder) or source text (seq2seq)")
     source.add_argument("--input", metavar="FILE", help="UTF-8 text, one prompt per line (batched)")
