@@ -29,16 +29,17 @@ def read_curve(run: Path) -> list[dict[str, Any]]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise SystemExit(f"{run}: no metrics.jsonl (a folder made by `lmforge pretrain` or a compare [[pretrain]])")
-    points, elapsed = [], 0.0
+    points, elapsed, tokens = [], 0.0, 0
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             raise SystemExit(f"{path} line {n}: not JSON") from None
         if "elapsed_s" in record:
-            elapsed = record["elapsed_s"]
+            elapsed, tokens = record["elapsed_s"], record.get("tokens", tokens)
         if "eval_ppl_lm" in record:
-            points.append({"step": record["step"], "minutes": elapsed / 60, "ppl": record["eval_ppl_lm"],
+            points.append({"step": record["step"], "minutes": elapsed / 60, "tokens": tokens,
+                           "ppl": record["eval_ppl_lm"],
                            "forward": record.get("eval_forward_ppl"), "backward": record.get("eval_backward_ppl")})
     if not points:
         raise SystemExit(f"{path}: no held-out perplexity logged (eval_ppl_lm); was eval_every set?")
@@ -58,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"**{run.name}** ({config.get('preset', '?')}, objective "
               f"{config.get('data', {}).get('objective', '?')}):\n")
         bidirectional = points[0]["forward"] is not None
-        header = ["step", "training min", "held-out ppl"] + (["forward ppl", "backward ppl"] if bidirectional else [])
-        rows = [[str(q["step"]), fmt(q["minutes"], 1), fmt(q["ppl"], 1)]
+        header = ["step", "tokens (M)", "training min", "held-out ppl"] + (["forward ppl", "backward ppl"]
+                                                                           if bidirectional else [])
+        rows = [[str(q["step"]), fmt(q["tokens"] / 1e6, 1), fmt(q["minutes"], 1), fmt(q["ppl"], 1)]
                 + ([fmt(q["forward"], 1), fmt(q["backward"], 1)] if bidirectional else []) for q in points]
         print(markdown_table(header, rows) + "\n")
     import matplotlib

@@ -202,10 +202,14 @@ def subset(train: list[int], labels: list[str], per_class: int, seed: int) -> li
 
 
 def _write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["text", "label"])
-        writer.writerows(rows)
+    """Atomically (a run that reads the file, in this process or another one, never sees it half written)."""
+    from lmforge.utils.io import atomic_write_text
+
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["text", "label"])
+    writer.writerows(rows)
+    atomic_write_text(path, buffer.getvalue())
 
 
 # ---------------------------------------------------------------------------------------------- static vectors
