@@ -3,7 +3,8 @@
 Every ``lmforge pretrain`` run logs training lines (with ``elapsed_s``) and, every ``eval_every`` steps, an
 evaluation line on the held-out documents (``eval_ppl_lm``; a biLM also logs each direction,
 ``eval_forward_ppl`` / ``eval_backward_ppl``). This script pairs each evaluation with the training time that
-preceded it and prints one Markdown table per run, and draws all runs' curves in one PNG.
+preceded it and prints one Markdown table per run, and draws all runs' curves in one PNG (against the tokens
+seen, and against the logged time, which includes any time the machine was shared).
 
 Perplexities of two runs are comparable only when they share the tokenizer and the held-out documents (the
 ``[[pretrain]]`` tables of one ``lmforge compare`` do: one vocabulary, one split of the training texts).
@@ -69,23 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run, points in curves.items():
-        minutes = [q["minutes"] for q in points]
-        if points[0]["forward"] is not None:
-            ax.plot(minutes, [q["forward"] for q in points], marker="o", label=f"{run.name}: forward LM")
-            ax.plot(minutes, [q["backward"] for q in points], marker="o", ls="--", label=f"{run.name}: backward LM")
-        else:
-            ax.plot(minutes, [q["ppl"] for q in points], marker="o", label=f"{run.name}")
-    ax.set_xlabel("training time (minutes)")
-    ax.set_ylabel("held-out perplexity (word pieces)")
-    ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, x_key, x_label in ((axes[0], "tokens", "training tokens (millions)"),
+                               (axes[1], "minutes", "training time as logged (minutes)")):
+        for run, points in curves.items():
+            x = [q[x_key] / (1e6 if x_key == "tokens" else 1) for q in points]
+            if points[0]["forward"] is not None:
+                ax.plot(x, [q["forward"] for q in points], marker="o", label=f"{run.name}: forward LM")
+                ax.plot(x, [q["backward"] for q in points], marker="o", ls="--", label=f"{run.name}: backward LM")
+            else:
+                ax.plot(x, [q["ppl"] for q in points], marker="o", label=f"{run.name}")
+        ax.set_xlabel(x_label)
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("held-out perplexity (word pieces)")
+    axes[0].legend()
     fig.tight_layout()
     args.png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.png, dpi=120)
-    print(f"Curves: {args.png}")
+    root = HERE.parent.resolve()
+    png = args.png.resolve()
+    print(f"Curves: {png.relative_to(root) if png.is_relative_to(root) else args.png}")
     return 0
 
 

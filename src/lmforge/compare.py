@@ -595,9 +595,11 @@ def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_
                 cells.append(_summary(values) if values else "")
         seconds = statistics.mean(r["seconds"] for r in mine) if mine else 0.0
         name = approach.name
-        spec = config.spec(approach.model[1:]) if approach.model.startswith("@") else None
-        if spec is not None and pretrain_seconds and spec.name in pretrain_seconds:
-            name += f" (pretrained here: {_duration(pretrain_seconds[spec.name])})"
+        timed = pretrain_seconds or {}
+        mine_pretrained = [m[1:] for m in approach.models()
+                           if m.startswith("@") and config.spec(m[1:]) is not None and m[1:] in timed]
+        if mine_pretrained:  # an ensemble's members were each pretrained: their times add up
+            name += f" (pretrained here: {_duration(sum(timed[m] for m in mine_pretrained))})"
         lines.append(f"| {name} | {FAMILIES[approach.family]} | " + " | ".join(cells) + f" | {seconds:.0f} |")
     if pretrain_seconds:
         lines += ["", "Pretrained by lmforge once, on the training texts only, before the runs: " + "; ".join(
