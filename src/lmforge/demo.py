@@ -13,8 +13,10 @@ the tokenizer, pretraining and the static vectors, so the test articles stay uns
    120-step run at 128 tokens ended there and could not be fine-tuned at all); 300 steps at 64 tokens leave it,
    and the MiniLM rows of the comparison show what a real pretraining gives.
 4. The comparison (``lmforge compare``, configs/compare-demo.toml): classifiers trained from scratch, from
-   Word2Vec / GloVe vectors trained here, on a frozen MiniLM, and by fine-tuning our bert-mini and MiniLM, on
-   10 and 50 articles per class; ending with the table, the CSV and the learning curve.
+   Word2Vec / GloVe vectors trained here, on a frozen MiniLM and on ELMo's biLM, and by fine-tuning our bert-mini,
+   ULMFiT's AWD-LSTM and MiniLM, on 10 and 50 articles per class; the AWD-LSTM language model and the biLM are
+   pretrained by the comparison itself on the training articles (its ``[[pretrain]]`` tables); ending with the
+   table, the CSV and the learning curve.
 
 Everything lands under ``--out`` (default ``runs/demo``), which each demo run replaces.
 """
