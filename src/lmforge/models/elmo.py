@@ -43,6 +43,7 @@ Deviations from the paper, named:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -60,6 +61,10 @@ from lmforge.nn.rnn import AttentionPooling, StackedRNN, compact_padding
 from lmforge.nn.scalar_mix import ScalarMix
 
 __all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState"]
+
+# PyTorch's CPU build warns on every LSTMP call that oneDNN has no projection kernel and its own kernel runs instead:
+# nothing a user can act on, printed in the middle of progress bars
+warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
 
 #: the forward LM's recurrent state: per layer (h (1, B, D), c (1, B, Dc)).
 LSTMState = list[tuple[Tensor, Tensor]]
