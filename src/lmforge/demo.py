@@ -10,8 +10,10 @@ the tokenizer, pretraining and the static vectors, so the test articles stay uns
    comparison fine-tunes on); MLM accuracy, perplexity and NSP accuracy on held-out documents before and after,
    with the loss curve saved as a PNG. A few CPU minutes are far from a real pretraining: BERT from scratch first
    sits on a plateau where it predicts the unigram distribution and every input gets nearly the same vector (a
-   120-step run at 128 tokens ended there and could not be fine-tuned at all); 300 steps at 64 tokens leave it,
-   and the MiniLM rows of the comparison show what a real pretraining gives.
+   120-step run at 128 tokens ended there and could not be fine-tuned at all). 300 steps at 64 tokens left it in
+   one measurement and not in others (MLM accuracy 0.048, NSP 0.449 after 300 steps on an AVX-512 machine in
+   2026-11: still the plateau, and its comparison row stays at chance for 10 articles per class); the MiniLM rows
+   of the comparison show what a real pretraining gives.
 4. The comparison (``lmforge compare``, configs/compare-demo.toml): classifiers trained from scratch, from
    Word2Vec / GloVe vectors trained here, on a frozen MiniLM and on ELMo's biLM, and by fine-tuning our bert-mini,
    ULMFiT's AWD-LSTM and MiniLM, on 10 and 50 articles per class; the AWD-LSTM language model and the biLM are
