@@ -113,6 +113,7 @@ class ModelConfig:
     softmax_samples: int = 0
     elmo_layer_norm: bool = False
     elmo_rnn_layers: int = 1
+    elmo_token_dim: int = 0  # > 0: a trainable token embedding of this width beside ELMo_k (the paper's [x_k; ELMo_k])
     # awd_lstm (AWD-LSTM, Merity et al. 2018; ULMFiT, Howard & Ruder 2018; lmforge.models.awd_lstm): d_model is the
     # embedding width (= the last LSTM layer's, tied), d_hidden the inner layers' width; the five dropouts (embedding
     # rows, variational on the input / between layers / on the output, DropConnect on W_hh) default to fastai's
@@ -194,7 +195,8 @@ class ModelConfig:
         problems = []
         if self.token_encoder not in TOKEN_ENCODERS:
             problems.append(f"token_encoder={self.token_encoder!r} is not one of {', '.join(TOKEN_ENCODERS)}")
-        for name in ("d_char", "n_highway", "max_chars_per_token", "softmax_samples", "elmo_rnn_layers"):
+        for name in ("d_char", "n_highway", "max_chars_per_token", "softmax_samples", "elmo_rnn_layers",
+                     "elmo_token_dim"):
             value, low = getattr(self, name), 1 if name in ("d_char", "elmo_rnn_layers") else 0
             if not isinstance(value, int) or not low <= value <= MAX_SIZE["d_ff"]:
                 problems.append(f"{name}={value!r} must be an integer in [{low}, {MAX_SIZE['d_ff']:,}]")

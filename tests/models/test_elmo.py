@@ -188,6 +188,21 @@ def test_elmo_encoder_freezes_the_bilm_and_trains_the_mix(tmp_path):
         torch.testing.assert_close(loaded(ids, mask).pooled_output, encoder.eval()(ids, mask).pooled_output)
 
 
+def test_the_task_token_vector_beside_elmo_trains_and_the_bilm_does_not():
+    encoder = ELMoEncoder.wrap(bilm(), elmo_token_dim=5).train()
+    ids = torch.randint(5, V, (2, 6))
+    out = encoder(ids, output_hidden_states=True)
+    assert out.hidden_states[0].shape == (2, 6, 5 + 24)  # [x_k; ELMo_k]
+    with torch.no_grad():  # the first E columns are the token table's rows, the rest ELMo_k as without it
+        torch.testing.assert_close(out.hidden_states[0][..., :5], encoder.token_embeddings(ids))
+    out.pooled_output.sum().backward()
+    assert encoder.token_embeddings.weight.grad is not None
+    assert all(p.grad is None for p in encoder.bilm.parameters())
+    assert ELMoEncoder.wrap(bilm()).token_embeddings is None  # default: ELMo_k alone
+    with pytest.raises(LmforgeError, match="elmo_token_dim=-1"):
+        ELMoEncoder.wrap(bilm(), elmo_token_dim=-1)
+
+
 def test_registry_and_config_checks():
     assert architecture("bilm").finetune_as == "elmo" and architecture("bilm").reads_characters
     assert architecture("elmo").has_pooled_output and architecture("elmo").encodes_text

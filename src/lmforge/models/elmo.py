@@ -36,8 +36,8 @@ Deviations from the paper, named:
     - no cell/projection clipping (bilm-tf clips both at 3): ``nn.LSTM``'s fused LSTMP cannot, and small models train
       without it.
     - each training block starts from zero LSTM states (bilm-tf carries states across batches).
-    - the task BiLSTM reads ELMo_k alone; the paper concatenates it with the task's own token vector x_k (here the
-      biLM's own token layer is already in the mix as layer 0).
+    - by default the task BiLSTM reads ELMo_k alone (the biLM's own token layer is in the mix as layer 0);
+      ``elmo_token_dim`` > 0 adds the paper's concatenation with a trainable task token vector x_k.
 """
 
 from __future__ import annotations
@@ -347,15 +347,18 @@ class ELMoEncoder(nn.Module):
     BiLSTM over it and attention pooling (Yang et al. 2016) for one vector per text.
 
     Config: the biLM's (arch "elmo" instead of "bilm"), plus ``elmo_layer_norm`` (normalise each layer before the
-    mix), ``elmo_rnn_layers``, ``rnn_cell`` / ``bidirectional`` (the task RNN: width D, D/2 per direction),
-    ``attention`` (the pooling score) and ``dropout`` (on ELMo_k and between task RNN layers).
+    mix), ``elmo_token_dim`` (E > 0: the task's own trainable token embedding, concatenated with ELMo_k as in the
+    paper's [x_k; ELMo_k]; 0: the task RNN reads ELMo_k alone), ``elmo_rnn_layers``, ``rnn_cell`` /
+    ``bidirectional`` (the task RNN: width D, D/2 per direction), ``attention`` (the pooling score) and ``dropout``
+    (on the task RNN's input and between its layers).
 
     The biLM never trains: it runs without gradients and stays in eval mode (no dropout) whatever ``train()`` says,
     so its weights get no gradient and the optimizer leaves them as they are. The scalar mix (``mix.weights``,
     ``mix.gamma``), the task RNN and the pooler train with the head.
 
     State-dict keys: ``bilm.*`` (the frozen biLM, saved with the task model), ``mix.weights``, ``mix.gamma``,
-    ``layers.{l}.*`` (the task BiLSTM), ``pooler.*``.
+    ``token_embeddings.weight`` (V, E; only with ``elmo_token_dim`` > 0), ``layers.{l}.*`` (the task BiLSTM),
+    ``pooler.*``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -365,8 +368,11 @@ class ELMoEncoder(nn.Module):
         self.bilm.requires_grad_(False)
         D = config.d_model
         self.mix = ScalarMix(config.n_layers + 1, layer_norm=config.elmo_layer_norm)
+        E = config.elmo_token_dim
+        # the task's own context-free token vector x_k beside ELMo_k (section 3.3: [x_k; ELMo_k]); trained
+        self.token_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=config.pad_token_id) if E else None
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = StackedRNN(config.rnn_cell, 2 * D, D, n_layers=config.elmo_rnn_layers,
+        self.layers = StackedRNN(config.rnn_cell, 2 * D + E, D, n_layers=config.elmo_rnn_layers,
                                  bidirectional=config.bidirectional, dropout=config.dropout)
         self.pooler = AttentionPooling(D, config.attention, max_len=config.max_seq_len)
         self.bilm.eval()
@@ -400,7 +406,8 @@ class ELMoEncoder(nn.Module):
 
         Returns:
             ``EncoderOutput``-shaped ``BiLMOutput``: last_hidden_state (B, T, D) the task BiLSTM's states,
-            pooled_output (B, D), hidden_states (ELMo_k (B, T, 2D), then the task RNN layers (B, T, D)) or None,
+            pooled_output (B, D), hidden_states (the task RNN's input: ELMo_k (B, T, 2D), or [x_k; ELMo_k]
+            (B, T, E + 2D) with ``elmo_token_dim``, then the task RNN layers (B, T, D)) or None,
             attentions or None.
         """
         check_flag(output_attentions, "output_attentions")
@@ -408,7 +415,10 @@ class ELMoEncoder(nn.Module):
         mask = None if attention_mask is None else key_padding_mask(attention_mask, batch=B, length=T)
         with torch.no_grad():
             layers = self.bilm(input_ids, mask, output_hidden_states=True).hidden_states  # L + 1 x (B, T, 2D)
-        elmo = self.dropout(self.mix(layers, mask))  # (B, T, 2D)
+        elmo = self.mix(layers, mask)  # (B, T, 2D)
+        if self.token_embeddings is not None:
+            elmo = torch.cat([self.token_embeddings(input_ids), elmo], dim=-1)  # (B, T, E + 2D)
+        elmo = self.dropout(elmo)
         rnn = self.layers(elmo, mask, output_all_layers=output_hidden_states)
         pooled, weights = self.pooler(rnn.states, mask)  # (B, D), (B, T)
         hidden = (elmo, *rnn.layer_states) if rnn.layer_states is not None else None
