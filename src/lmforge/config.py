@@ -548,6 +548,11 @@ class DataConfig:
     dupe_factor: int = 5
     eval_fraction: float = 0.02
     variable_bptt: bool = True  # plan "stream" (AWD-LSTM): window lengths drawn around seq_len (Merity et al. 2018)
+    # objective awd_lm: activation regularisation (alpha * mean of the dropped last-layer outputs squared) and
+    # temporal AR (beta * mean of the squared step-to-step change of the raw outputs), Merity et al. 2018 section 4.6;
+    # their and fastai's values are 2 and 1. 0 = off (the default: the committed ULMFiT runs trained without them).
+    ar_alpha: float = 0.0
+    tar_beta: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -561,6 +566,9 @@ class DataConfig:
                      "eval_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 problems.append(f"{name}={getattr(self, name)} must be in [0, 1]")
+        for name in ("ar_alpha", "tar_beta"):
+            if not 0.0 <= getattr(self, name) < float("inf"):  # also refuses NaN
+                problems.append(f"{name}={getattr(self, name)} must be a number >= 0 (Merity et al.: 2 and 1)")
         if self.mask_token_ratio + self.random_token_ratio > 1.0:
             problems.append(f"mask_token_ratio + random_token_ratio = "
                             f"{self.mask_token_ratio + self.random_token_ratio} exceeds 1")

@@ -286,3 +286,37 @@ def test_the_ulmfit_head_trains_on_a_one_document_batch():
     out = task_model(ids(1, T), attention_mask=torch.ones(1, T), labels=torch.tensor([2]))  # the epoch's last batch
     out.loss_sum.backward()
     assert head.block[0].training  # back in training mode afterwards
+
+
+def test_ar_and_tar_by_formula_in_training_only():
+    from lmforge.config import DataConfig
+    from lmforge.objectives.awd_lm import AWDLMObjective
+    from lmforge.objectives.registry import get_objective
+
+    model = tiny(output_p=0.5)
+    x = ids(B, T)
+    labels = ids(B, T, seed=2)
+    labels[1, 5:] = -100  # a row that ends early: its padding neither counts nor pairs
+    batch = {"input_ids": x, "labels": labels}
+    objective = AWDLMObjective(ar_alpha=2.0, tar_beta=1.0)
+    assert objective.counts(batch) == {"lm": 19, "ar": 19, "tar": 16}
+    torch.manual_seed(3)
+    out = objective(model.train(), batch)
+    torch.manual_seed(3)  # the same dropout masks again, read straight from the model
+    forward = model(x)
+    dropped, raw = forward.dropped_output, forward.last_hidden_state
+    assert not torch.equal(dropped, raw)  # the output dropout is active
+    valid = labels != -100
+    pairs = valid[:, 1:] & valid[:, :-1]
+    ar = 2.0 * sum(float((dropped[b, t] ** 2).mean()) for b in range(B) for t in range(T) if valid[b, t])
+    tar = 1.0 * sum(float(((raw[b, t + 1] - raw[b, t]) ** 2).mean())
+                    for b in range(B) for t in range(T - 1) if pairs[b, t])
+    assert float(out.losses["ar"][0]) == pytest.approx(ar, rel=1e-5) and out.losses["ar"][1] == 19
+    assert float(out.losses["tar"][0]) == pytest.approx(tar, rel=1e-5) and out.losses["tar"][1] == 16
+    assert set(objective(model.eval(), batch).losses) == {"lm"}  # evaluation: the language model's loss alone
+    assert set(AWDLMObjective()(model.train(), batch).losses) == {"lm"}  # off by default
+    # the registry builds it from the data settings, which refuse a negative weight
+    built = get_objective("awd_lm").loss(DataConfig(objective="awd_lm", ar_alpha=2.0, tar_beta=1.0))
+    assert (built.ar_alpha, built.tar_beta) == (2.0, 1.0)
+    with pytest.raises(LmforgeError, match="ar_alpha=-1"):
+        DataConfig(objective="awd_lm", ar_alpha=-1.0)

@@ -91,8 +91,16 @@ class AWDLSTMOutput(EncoderOutput):
     def logits(self) -> Tensor:
         cached = self.__dict__.get("_logits")
         if cached is None:
-            cached = self.__dict__["_logits"] = self.__dict__["_decode"](self.last_hidden_state)
+            dropped, cached = self.__dict__["_decode"](self.last_hidden_state)
+            self.__dict__.update(_logits=cached, _dropped=dropped)
         return cached
+
+    @property
+    def dropped_output(self) -> Tensor:
+        """(B, T, D) the last layer's output after output dropout: what the decoder reads (and what Merity et al.'s
+        activation regularisation penalises)."""
+        self.logits  # noqa: B018 -- computes both on first access
+        return self.__dict__["_dropped"]
 
     @property
     def state(self) -> LSTMState:
@@ -210,7 +218,7 @@ class AWDLSTM(nn.Module):
             h = layer_outputs[-1]
         hidden_states = tuple(layer_outputs) if output_hidden_states else None
         out = AWDLSTMOutput(h, pooled, hidden_states, None)
-        out.__dict__.update(_state=state, _decode=self.lm_logits)
+        out.__dict__.update(_state=state, _decode=self._dropped_and_logits)
         return out
 
     def _window(self, x: Tensor, n: Tensor | None, state: LSTMState | None, drop_in: Tensor | None,
@@ -259,11 +267,15 @@ class AWDLSTM(nn.Module):
     def lm_logits(self, h: Tensor) -> Tensor:
         """Next-token scores from last-layer states: output dropout (variational over (B, T, D) in training), then the
         tied decoder. h (..., D) -> (..., V)."""
+        return self._dropped_and_logits(h)[1]
+
+    def _dropped_and_logits(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """(h after output dropout, its logits) (see ``lm_logits``)."""
         if h.dim() == 3:
             mask = locked_mask(h.shape[0], h.shape[-1], self.config.output_p, self.training, h)
             if mask is not None:
                 h = h * mask
-        return F.linear(h, self.embeddings.weight, self.lm_bias)
+        return h, F.linear(h, self.embeddings.weight, self.lm_bias)
 
     # ------------------------------------------------------------------------------------------ state and checks
     @staticmethod

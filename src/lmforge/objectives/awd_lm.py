@@ -16,8 +16,11 @@ the model's config) gives such windows, in text order, marked ``backward``; this
 Loss term ``lm`` (sum of the token cross-entropies, number of tokens): the Trainer reports ``eval_ppl_lm``, the
 perplexity on the held-out documents. Metric ``lm_accuracy``: next-token accuracy.
 
-Not implemented (named deviation): Merity et al.'s activation regularisation (AR, alpha = 2) and temporal
-activation regularisation (TAR, beta = 1).
+Regularisers (Merity et al. 2018, section 4.6), in training only and off by default (``DataConfig.ar_alpha``,
+``tar_beta``; theirs and fastai's 2 and 1): term ``ar`` = alpha x the mean over tokens and units of the last layer's
+output after output dropout, squared; term ``tar`` = beta x the mean over consecutive real positions and units of
+(h_t - h_{t-1})^2 on the raw last-layer output (a window's first position has no predecessor in it). Evaluation
+returns ``lm`` alone, so ``eval_loss`` and ``eval_ppl_lm`` are the language model's.
 """
 
 from __future__ import annotations
@@ -36,11 +39,18 @@ IGNORE = -100
 class AWDLMObjective:
     """``objective(model, batch)`` for an ``AWDLSTM`` (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ar_alpha: float = 0.0, tar_beta: float = 0.0) -> None:
         self._states: dict[bool, Any] = {}  # model.training -> the state the last window ended with
+        self.ar_alpha, self.tar_beta = ar_alpha, tar_beta
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
-        return {"lm": int((batch["labels"] != IGNORE).sum())}
+        valid = batch["labels"] != IGNORE
+        counts = {"lm": int(valid.sum())}
+        if self.ar_alpha > 0:
+            counts["ar"] = counts["lm"]
+        if self.tar_beta > 0:
+            counts["tar"] = int((valid[:, 1:] & valid[:, :-1]).sum())
+        return counts
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         input_ids, labels = batch["input_ids"], batch["labels"]  # (B, L)
@@ -58,7 +68,17 @@ class AWDLMObjective:
         valid = labels != IGNORE
         correct = ((logits.detach().argmax(-1) == labels) & valid).sum()
         n = int(valid.sum())
-        return ObjectiveOutput({"lm": (loss, n)}, {"lm_accuracy": (correct, n)})
+        losses = {"lm": (loss, n)}
+        if model.training:  # regularisers of training only: evaluation reports the language model's loss alone
+            if self.ar_alpha > 0:  # alpha * mean over (token, unit) of the dropped output squared
+                ar = out.dropped_output.float().pow(2).mean(-1)[valid].sum()
+                losses["ar"] = (self.ar_alpha * ar, n)
+            if self.tar_beta > 0:  # beta * mean over (step, unit) of (h_t - h_{t-1})^2 on the raw output
+                raw = out.last_hidden_state.float()
+                pairs = valid[:, 1:] & valid[:, :-1]
+                tar = (raw[:, 1:] - raw[:, :-1]).pow(2).mean(-1)[pairs].sum()
+                losses["tar"] = (self.tar_beta * tar, int(pairs.sum()))
+        return ObjectiveOutput(losses, {"lm_accuracy": (correct, n)})
 
 
 def _check_direction(model: nn.Module, batch: dict[str, Tensor]) -> None:

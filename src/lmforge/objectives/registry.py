@@ -114,7 +114,7 @@ register_objective(PretrainingObjective(
 def _awd_lm(data: Any) -> Callable:
     from lmforge.objectives.awd_lm import AWDLMObjective
 
-    return AWDLMObjective()
+    return AWDLMObjective(ar_alpha=data.ar_alpha, tar_beta=data.tar_beta)
 
 
 # Its own entry rather than "clm": the family (awd_lstm), the data plan (a stream read in consecutive windows, not
