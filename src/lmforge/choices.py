@@ -39,7 +39,7 @@ SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt", "slanted_triangular
 PRECISIONS = ("fp32", "bf16")
 
 # pretraining data (DataConfig): lmforge.data.masking.mask_tokens
-MASKINGS = ("token", "whole_word", "span")
+MASKINGS = ("token", "whole_word", "span", "ngram")
 
 # fine-tuning (TaskConfig): lmforge.tasks, lmforge.data.schemes, lmforge.nn.pooling, lmforge.heads.span
 TASKS = ("sequence", "pair", "token", "span", "qa")

@@ -544,6 +544,7 @@ class DataConfig:
     random_token_ratio: float = 0.1
     span_p: float = 0.2
     max_span_len: int = 10
+    max_ngram: int = 3  # masking "ngram" (ALBERT): the longest n-gram in words
     static: bool = False
     dupe_factor: int = 5
     eval_fraction: float = 0.02
@@ -576,9 +577,10 @@ class DataConfig:
             problems.append(f"span_p={self.span_p} must be in (0, 1]")
         if self.nsp_balance not in ("exact", "bert"):
             problems.append(f"nsp_balance={self.nsp_balance!r} is not one of exact, bert")
-        if self.max_span_len < 1 or (self.max_predictions is not None and self.max_predictions < 1) or \
+        if self.max_span_len < 1 or self.max_ngram < 1 or \
+                (self.max_predictions is not None and self.max_predictions < 1) or \
                 self.dupe_factor < 1:
-            problems.append("max_span_len, max_predictions and dupe_factor must be >= 1")
+            problems.append("max_span_len, max_ngram, max_predictions and dupe_factor must be >= 1")
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
 

@@ -8,6 +8,7 @@ from lmforge.data.masking import (
     continuation_mask,
     mask_budget,
     mask_tokens,
+    ngram_length_pmf,
     span_length_pmf,
     word_start_mask,
 )
@@ -43,7 +44,7 @@ def test_budget():
     assert mask_budget(10, 0.0, 20) == 0
 
 
-@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span", "ngram"])
 def test_specials_and_padding_never_selected_and_random_tokens_never_special(strategy):
     rng = np.random.default_rng(0)
     ids = sequence(rng, 90, 30, unk_every=9)
@@ -150,6 +151,40 @@ def test_span_lengths_follow_the_clipped_geometric_law():
     empirical = np.bincount(lengths, minlength=11)[1:] / len(lengths)
     assert len(lengths) > 5000
     assert 0.5 * np.abs(empirical - pmf).sum() < 0.05
+
+
+def test_ngram_lengths_follow_albert_s_one_over_n_and_each_token_draws_its_own_replacement():
+    np.testing.assert_allclose(ngram_length_pmf(3), [6 / 11, 3 / 11, 2 / 11])
+    rng = np.random.default_rng(7)
+    lengths, mixed, multi = [], 0, 0
+    for _ in range(60):
+        ids = sequence(rng, 1500, 0)
+        m = masked(ids, rng, strategy="ngram", max_predictions=10_000)  # every token a word
+        chosen = m.labels != IGNORE_INDEX
+        assert chosen.sum() == round(0.15 * 1500)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], chosen.astype(int), [0]])))
+        for start, end in zip(edges[::2], edges[1::2], strict=True):  # n-grams never touch: one run each
+            lengths.append(end - start)
+            if end - start > 1:
+                multi += 1
+                is_mask = m.input_ids[start:end] == MASK
+                mixed += bool(is_mask.any() and not is_mask.all())
+    assert max(lengths) <= 3 and len(lengths) > 5000
+    empirical = np.bincount(lengths, minlength=4)[1:] / len(lengths)
+    assert 0.5 * np.abs(empirical - ngram_length_pmf(3)).sum() < 0.03  # the last n-gram may be trimmed
+    # per token, not per n-gram: P(a 2- or 3-gram is neither all [MASK] nor none) is about 0.3-0.5
+    assert 0.2 < mixed / multi < 0.6
+    # whole words: a 2-gram of words of 2 pieces covers 4 pieces
+    ids = sequence(rng, 40, 0)
+    word_starts = np.ones(len(ids), dtype=bool)
+    word_starts[2::2] = False  # words of two pieces
+    for _ in range(50):
+        chosen = masked(ids, rng, strategy="ngram", word_starts=word_starts).labels != IGNORE_INDEX
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], chosen.astype(int), [0]])))
+        for start, end in zip(edges[::2], edges[1::2], strict=True):
+            assert word_starts[start] and (end == len(ids) - 1 or word_starts[end] or end - start < 2)
+    with pytest.raises(LmforgeError, match="max_ngram=0"):
+        masked(ids, rng, strategy="ngram", max_ngram=0)
 
 
 def test_span_replacement_is_decided_per_span_and_boundaries_are_right():

@@ -329,7 +329,7 @@ class PretrainingData:
                         mask_prob=cfg.mask_prob, max_predictions=self.max_predictions,
                         mask_token_ratio=cfg.mask_token_ratio, random_token_ratio=cfg.random_token_ratio,
                         strategy=self.masking, word_starts=word_starts, span_p=cfg.span_p,
-                        max_span_len=cfg.max_span_len)
+                        max_span_len=cfg.max_span_len, max_ngram=cfg.max_ngram)
         example = {"input_ids": m.input_ids, "token_type_ids": inst.token_type_ids, "mlm_labels": m.labels,
                    "sbo_left": m.sbo_left, "sbo_right": m.sbo_right, "sbo_offset": m.sbo_offset}
         if self.plan == "nsp":
