@@ -48,11 +48,12 @@ from bench_feature_ner import (
     TrainSetting,
     bootstrap,
     extract_features,
+    seeds_and_setting,
     train_and_score,
+    twitter_ner,
 )
 from common import fmt, machine_description, markdown_table, print_machine, reproduce_command
-from lmforge.data.corpora import twitter_ner_file
-from lmforge.data.readers import TaggedSentence, random_split, read_conll
+from lmforge.data.readers import TaggedSentence
 from lmforge.embeddings.contextual import embed_words
 from lmforge.embeddings.io import load_word2vec
 from lmforge.models.pretrained import load_backbone
@@ -152,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             p.error(f"{what}: {path} is missing; run `lmforge compare --config configs/compare-bbc.toml --only "
                     f"\"RNN on ELMo (biLM pretrained here)\"` first, or pass {what}")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
-    setting = TrainSetting(epochs=1 if args.quick else args.epochs, hidden=32 if args.quick else args.hidden,
-                           lr=args.lr)
+    seeds, setting = seeds_and_setting(p, args)
     json_path = args.json or HERE / "results" / ("elmo-ner-quick.json" if args.quick else "elmo-ner.json")
     torch.set_num_threads(args.threads)
     machine = machine_description()
@@ -166,13 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     started = time.perf_counter()
-    sentences = read_conll(twitter_ner_file())
-    if args.quick:
-        sentences = sentences[::10]
-    train, test = random_split(len(sentences), TEST_FRACTION, SPLIT_SEED)
-    train_tags = {t for i in train for t in sentences[i].tags}
-    labels = ["O", *sorted(train_tags - {"O"}, key=lambda t: (t[2:], t))]
-    n_entities = sum(t.startswith("B-") for i in test for t in sentences[i].tags)
+    sentences, train, test, labels, n_entities = twitter_ner(args.quick)
 
     log("extracting ELMo features...")
     elmo, elmo_info = elmo_features(args.elmo, sentences, batch_size=32)

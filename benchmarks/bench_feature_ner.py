@@ -259,6 +259,32 @@ def predict(model: nn.Module, feats: list[np.ndarray], idx: list[int], labels: l
 
 
 # ---------------------------------------------------------------------------------------------- main
+def seeds_and_setting(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], TrainSetting]:
+    """The ``--seeds`` list and the tagger's training setting (``--quick``: 1 epoch, 32 units); a bad value is a
+    one-line usage error."""
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
+    if not seeds or args.epochs < 1 or args.hidden < 1:
+        p.error("need at least one seed, --epochs >= 1 and --hidden >= 1")
+    return seeds, TrainSetting(epochs=1 if args.quick else args.epochs, hidden=32 if args.quick else args.hidden,
+                               lr=args.lr)
+
+
+def twitter_ner(quick: bool) -> tuple[list[TaggedSentence], list[int], list[int], list[str], int]:
+    """The tweets (1 in 10 with ``quick``), the fixed 80/20 split, the BIO labels ("O" first, then by entity type)
+    and the number of test entities."""
+    sentences = read_conll(twitter_ner_file())
+    if quick:
+        sentences = sentences[::10]
+    train, test = random_split(len(sentences), TEST_FRACTION, SPLIT_SEED)
+    train_tags = {t for i in train for t in sentences[i].tags}
+    labels = ["O", *sorted(train_tags - {"O"}, key=lambda t: (t[2:], t))]
+    n_entities = sum(t.startswith("B-") for i in test for t in sentences[i].tags)
+    return sentences, train, test, labels, n_entities
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
@@ -273,14 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="where to write the results (default: benchmarks/results/"
                                              "feature-ner.json, or feature-ner-quick.json with --quick)")
     args = p.parse_args(argv)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be integers separated by commas, got {args.seeds!r}")
-    if not seeds or args.epochs < 1 or args.hidden < 1:
-        p.error("need at least one seed, --epochs >= 1 and --hidden >= 1")
-    setting = TrainSetting(epochs=1 if args.quick else args.epochs, hidden=32 if args.quick else args.hidden,
-                           lr=args.lr)
+    seeds, setting = seeds_and_setting(p, args)
     json_path = args.json or HERE / "results" / ("feature-ner-quick.json" if args.quick else "feature-ner.json")
     torch.set_num_threads(args.threads)
     machine = machine_description()
@@ -289,13 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     started = time.perf_counter()
-    sentences = read_conll(twitter_ner_file())
-    if args.quick:
-        sentences = sentences[::10]
-    train, test = random_split(len(sentences), TEST_FRACTION, SPLIT_SEED)
-    train_tags = {t for i in train for t in sentences[i].tags}
-    labels = ["O", *sorted(train_tags - {"O"}, key=lambda t: (t[2:], t))]
-    n_entities = sum(t.startswith("B-") for i in test for t in sentences[i].tags)
+    sentences, train, test, labels, n_entities = twitter_ner(args.quick)
     log(f"extracting MiniLM features of {len(sentences):,} sentences...")
     feats, extraction = extract_features(sentences, batch_size=32)
     log(f"  {extraction['seconds']:.0f} s, {extraction['stored_mb']:.0f} MB as float16")
