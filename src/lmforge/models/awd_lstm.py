@@ -67,6 +67,7 @@ from lmforge.nn.dropouts import WeightDropLSTM, embedding_dropout, locked_mask
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.pooling import concat_pool
+from lmforge.nn.rnn import check_lstm_state, reorder_lstm_state
 
 __all__ = ["AWDLSTM", "AWDLSTMOutput", "LSTMState"]
 
@@ -308,15 +309,7 @@ class AWDLSTM(nn.Module):
     def _check_state(self, state: Any, B: int, device: torch.device) -> LSTMState | None:
         if state is None:
             return None
-        if not isinstance(state, list | tuple) or len(state) != len(self.layers):
-            raise LmforgeError(f"state must be a list of {len(self.layers)} (h, c) pairs, one per layer (a previous "
-                               "output's .state)")
-        for layer, pair in zip(self.layers, state, strict=True):
-            want = (1, B, layer.rnn.hidden_size)
-            if len(pair) != 2 or any(tuple(t.shape) != want for t in pair):
-                raise LmforgeError(f"state tensors must be {want} (1, batch, width); got "
-                                   f"{[tuple(t.shape) for t in pair]}: the state belongs to another batch size")
-        return [tuple(p) for p in state]  # type: ignore[misc]
+        return check_lstm_state(state, [((1, B, layer.rnn.hidden_size),) * 2 for layer in self.layers])
 
     @staticmethod
     def detach_state(state: LSTMState) -> LSTMState:
@@ -326,7 +319,7 @@ class AWDLSTM(nn.Module):
     @staticmethod
     def reorder_state(state: LSTMState, index: Tensor) -> LSTMState:
         """Keep rows ``index`` (B',) in that order (beam search, expanding prompts into samples)."""
-        return [(h.index_select(1, index), c.index_select(1, index)) for h, c in state]
+        return reorder_lstm_state(state, index)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -57,7 +57,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.char_cnn import CharCNN, spell_tokens
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
-from lmforge.nn.rnn import AttentionPooling, StackedRNN, compact_padding
+from lmforge.nn.rnn import AttentionPooling, StackedRNN, check_lstm_state, compact_padding, reorder_lstm_state
 from lmforge.nn.scalar_mix import ScalarMix
 
 __all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState"]
@@ -312,19 +312,8 @@ class BiLM(nn.Module):
     def _check_lm_state(self, state: Any, B: int) -> LSTMState | None:
         if state is None:
             return None
-        L = len(self.layers)
-        if not isinstance(state, list | tuple) or len(state) != L:
-            raise LmforgeError(f"state must be a list of {L} (h, c) pairs, one per forward LSTM layer (the .state of "
-                               "a previous forward_lm call)")
-        for layer, pair in zip(self.layers, state, strict=True):
-            lstm = layer["forward_lstm"]
-            want = [(1, B, lstm.proj_size or lstm.hidden_size), (1, B, lstm.hidden_size)]
-            if not isinstance(pair, list | tuple) or len(pair) != 2 or \
-                    [tuple(getattr(t, "shape", ())) for t in pair] != want:
-                got = [tuple(getattr(t, "shape", ())) for t in pair] if isinstance(pair, list | tuple) else pair
-                raise LmforgeError(f"state tensors must be (h, c) of shapes {want}; got {got}: the state belongs to "
-                                   "another batch size or model")
-        return [(h, c) for h, c in state]
+        lstms = [layer["forward_lstm"] for layer in self.layers]
+        return check_lstm_state(state, [((1, B, m.proj_size or m.hidden_size), (1, B, m.hidden_size)) for m in lstms])
 
     def lm_logits(self, h: Tensor) -> Tensor:
         """Next-token scores (..., V) from forward states h (..., D) (or previous-token scores from backward states):
@@ -334,7 +323,7 @@ class BiLM(nn.Module):
     @staticmethod
     def reorder_state(state: LSTMState, index: Tensor) -> LSTMState:
         """Keep rows ``index`` (B',) of a ``forward_lm`` state, in that order (beam search, expanding prompts)."""
-        return [(h.index_select(1, index), c.index_select(1, index)) for h, c in state]
+        return reorder_lstm_state(state, index)
 
     def extra_repr(self) -> str:
         c = self.config

@@ -11,7 +11,7 @@ skipped (``pack_padded_sequence``), so a padded batch gives exactly the outputs 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +22,8 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.attention import Attention, CosineScore, make_score
 from lmforge.nn.masks import key_padding_mask
 
-__all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "compact_padding", "make_rnn", "make_state_score"]
+__all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "check_lstm_state", "compact_padding", "make_rnn",
+           "make_state_score", "reorder_lstm_state"]
 
 CELLS: dict[str, type[nn.RNNBase]] = {"gru": nn.GRU, "lstm": nn.LSTM}
 
@@ -68,6 +69,30 @@ def make_state_score(name: str, d_model: int, *, max_len: int | None = None) -> 
     if name == "cosine":
         return CosineScore(scale=math.sqrt(d_model))
     return make_score(name, d_q=d_model, d_k=d_model, d_attn=d_model, max_len=max_len)
+
+
+def check_lstm_state(state: Any, shapes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> list[tuple[Tensor, Tensor]]:
+    """A stack of LSTMs' carried state, checked: one (h, c) pair per layer, of the ``shapes`` given (per layer
+    (h shape, c shape)); as a list of tuples.
+
+    Raises:
+        LmforgeError: another number of layers, or tensors of other shapes (the state of another batch or model).
+    """
+    if not isinstance(state, list | tuple) or len(state) != len(shapes):
+        raise LmforgeError(f"state must be a list of {len(shapes)} (h, c) pairs, one per LSTM layer (the .state of a "
+                           "previous call)")
+    for pair, want in zip(state, shapes, strict=True):
+        got = [tuple(getattr(t, "shape", ())) for t in pair] if isinstance(pair, list | tuple) else pair
+        if not isinstance(pair, list | tuple) or len(pair) != 2 or got != list(want):
+            raise LmforgeError(f"state tensors must be (h, c) of shapes {list(want)}; got {got}: the state belongs to "
+                               "another batch size or model")
+    return [(h, c) for h, c in state]
+
+
+def reorder_lstm_state(state: list[tuple[Tensor, Tensor]], index: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """Keep rows ``index`` (B',) of a per-layer (h (1, B, .), c (1, B, .)) state, in that order (beam search,
+    expanding prompts into samples)."""
+    return [(h.index_select(1, index), c.index_select(1, index)) for h, c in state]
 
 
 def compact_padding(mask: Tensor) -> tuple[Tensor | None, Tensor]:
