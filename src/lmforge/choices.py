@@ -32,11 +32,16 @@ HARD_ATTENTION_ESTIMATORS = ("straight_through", "reinforce")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
 KERNELS = ("math", "sdpa")
+# ALBERT's cross-layer parameter sharing (Lan et al. 2020, section 3.1; models.encoder): every layer one set of
+# weights ("all"), only the attention or only the feed-forward sublayers shared, or none (BERT)
+LAYER_SHARINGS = ("none", "all", "attention", "ffn")
 
 # training (TrainConfig): lmforge.training.optim, the Trainer's autocast
 # slanted_triangular: ULMFiT's STLR (Howard & Ruder 2018, eq. 3)
 SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt", "slanted_triangular")
 PRECISIONS = ("fp32", "bf16")
+# adamw: decoupled weight decay (Loshchilov & Hutter 2019); lamb: LAMB (You et al. 2020), layer-wise trust ratios
+OPTIMIZERS = ("adamw", "lamb")
 
 # pretraining data (DataConfig): lmforge.data.masking.mask_tokens
 MASKINGS = ("token", "whole_word", "span", "ngram")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from lmforge import __version__
 from lmforge.commands import compare as compare_cmd
 from lmforge.commands import data as data_cmd
+from lmforge.commands import distill as distill_cmd
 from lmforge.commands import finetune as finetune_cmd
 from lmforge.commands import generate as generate_cmd
 from lmforge.commands import models as model_cmd
@@ -35,8 +36,11 @@ COMMANDS: dict[str, Command] = {
               model_cmd.run_embed),
     "data prepare": ("tokenize a corpus into memory-mapped shards for pretraining", data_cmd.add_prepare_arguments,
                      data_cmd.run_prepare),
-    "pretrain": ("pretrain BERT (mlm+nsp), RoBERTa (mlm), SpanBERT (span) or GPT (clm)",
+    "pretrain": ("pretrain BERT (mlm+nsp), ALBERT (mlm+sop), RoBERTa (mlm), SpanBERT (span) or GPT (clm)",
                  pretrain_cmd.add_pretrain_arguments, pretrain_cmd.run_pretrain),
+    "distill": ("distil a teacher encoder into a smaller student (DistilBERT's triple loss; MiniLM's attention "
+                "relations when the teacher has no MLM head)", distill_cmd.add_distill_arguments,
+                distill_cmd.run_distill),
     "finetune": ("fine-tune an encoder with a task head (sequence, pair, token, span, qa)",
                  finetune_cmd.add_finetune_arguments, finetune_cmd.run_finetune),
     "evaluate": ("score a fine-tuned model on labelled data; prints the metrics as JSON",

@@ -25,10 +25,12 @@ from lmforge.choices import (
     DECODER_ORDERS,
     HARD_ATTENTION_ESTIMATORS,
     KERNELS,
+    LAYER_SHARINGS,
     LOCAL_ALIGNMENTS,
     LONG_TEXT,
     MASKINGS,
     NON_TRANSFORMER_ARCHITECTURES,
+    OPTIMIZERS,
     POSITIONALS,
     PRECISIONS,
     RECURRENT_ARCHITECTURES,
@@ -82,6 +84,13 @@ class ModelConfig:
     kernel: str = "sdpa"
     pad_token_id: int = 0
     init_std: float = 0.02
+    # encoder only. ALBERT (Lan et al. 2020): embedding_size E < d_model factorises the token embedding into (V, E)
+    # and a projection E -> d_model (None: E = d_model, BERT); share_layers ties the layers' weights (LAYER_SHARINGS).
+    # DistilBERT (Sanh et al. 2019): pooler=False drops the pooler (pooled_output is then the raw h_[CLS]), and
+    # type_vocab_size=0 drops the segment embedding (token_type_ids are then ignored).
+    embedding_size: int | None = None
+    share_layers: str = "none"
+    pooler: bool = True
     # RNN models (arch "rnn": a classifier backbone with attention pooling; "rnn_seq2seq": an attentional
     # encoder-decoder). d_model is the embedding and state width; n_layers counts stacked RNN layers.
     rnn_cell: str = "gru"
@@ -175,8 +184,10 @@ class ModelConfig:
         if (transformer and self.positional == "rotary" and isinstance(self.n_heads, int) and self.n_heads > 0
                 and self.d_model % self.n_heads == 0 and self.d_head % 2):
             problems.append(f"rotary positions need an even head size; d_model/n_heads = {self.d_head}")
-        if self.arch == "encoder" and self.type_vocab_size < 1:
-            problems.append(f"type_vocab_size={self.type_vocab_size} must be >= 1 for an encoder")
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            problems.append(f"type_vocab_size={self.type_vocab_size!r} must be an integer >= 0 (0: no segment "
+                            "embedding)")
+        problems += self._compact_encoder_problems()
         if self.attention_window is not None and self.attention_window < 0:
             problems.append(f"attention_window={self.attention_window} must be >= 0 (None = global attention)")
         problems += self._rnn_attention_problems()
@@ -189,6 +200,28 @@ class ModelConfig:
             problems.append(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         if problems:
             raise LmforgeError("invalid model config: " + "; ".join(problems))
+
+    def _compact_encoder_problems(self) -> list[str]:
+        """ALBERT's and DistilBERT's options: encoder only, and sizes that fit."""
+        problems = []
+        if self.share_layers not in LAYER_SHARINGS:
+            problems.append(f"share_layers={self.share_layers!r} is not one of {', '.join(LAYER_SHARINGS)}")
+        E = self.embedding_size
+        if E is not None and (not isinstance(E, int) or not 1 <= E <= MAX_SIZE["d_model"]):
+            problems.append(f"embedding_size={E!r} must be an integer in [1, {MAX_SIZE['d_model']:,}] (None: d_model)")
+        if self.arch != "encoder":
+            changed = [f"{name}={getattr(self, name)!r}" for name, default in
+                       (("embedding_size", None), ("share_layers", "none"), ("pooler", True))
+                       if getattr(self, name) != default]
+            if changed:
+                problems.append(f"{', '.join(changed)} apply to arch='encoder' only (ALBERT / DistilBERT options), "
+                                f"not arch={self.arch!r}; remove them")
+        return problems
+
+    @property
+    def d_embedding(self) -> int:
+        """The token embedding's width: ``embedding_size`` (ALBERT's E) or ``d_model``."""
+        return self.d_model if self.embedding_size is None else self.embedding_size
 
     def _bilm_problems(self) -> list[str]:
         """The biLM's token-layer and LSTMP sizes (checked for every family: their defaults are valid)."""
@@ -260,6 +293,25 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-medium": dict(arch="encoder", n_layers=8, d_model=512, n_heads=8),
     "bert-base": dict(arch="encoder", n_layers=12, d_model=768, n_heads=12),
     "bert-large": dict(arch="encoder", n_layers=24, d_model=1024, n_heads=16),
+    # ALBERT (Lan et al. 2020, Table 1; the v2 configs: no dropout, tanh-approximated GELU, 30k vocabulary):
+    # factorised embeddings of size E = 128 and every layer sharing one set of weights. albert-mini is bert-mini's
+    # shape made the same way (with dropout, for small corpora), to train here.
+    "albert-mini": dict(arch="encoder", n_layers=4, d_model=256, n_heads=4, embedding_size=128, share_layers="all",
+                        activation="gelu_tanh"),
+    "albert-base": dict(arch="encoder", n_layers=12, d_model=768, n_heads=12, embedding_size=128,
+                        share_layers="all", activation="gelu_tanh", dropout=0.0, attention_dropout=0.0,
+                        vocab_size=30000),
+    "albert-large": dict(arch="encoder", n_layers=24, d_model=1024, n_heads=16, embedding_size=128,
+                         share_layers="all", activation="gelu_tanh", dropout=0.0, attention_dropout=0.0,
+                         vocab_size=30000),
+    "albert-xlarge": dict(arch="encoder", n_layers=24, d_model=2048, n_heads=16, embedding_size=128,
+                          share_layers="all", activation="gelu_tanh", dropout=0.0, attention_dropout=0.0,
+                          vocab_size=30000),
+    "albert-xxlarge": dict(arch="encoder", n_layers=12, d_model=4096, n_heads=64, embedding_size=128,
+                           share_layers="all", activation="gelu_tanh", dropout=0.0, attention_dropout=0.0,
+                           vocab_size=30000),
+    # DistilBERT (Sanh et al. 2019): BERT-base halved in depth, no segment embedding, no pooler
+    "distilbert-base": dict(arch="encoder", n_layers=6, d_model=768, n_heads=12, type_vocab_size=0, pooler=False),
     "gpt-nano": dict(arch="decoder", n_layers=3, d_model=48, n_heads=3, norm_first=True, layer_norm_eps=1e-5,
                      activation="gelu_tanh", max_seq_len=1024, type_vocab_size=0),
     "gpt-micro": dict(arch="decoder", n_layers=4, d_model=128, n_heads=4, norm_first=True, layer_norm_eps=1e-5,
@@ -455,6 +507,7 @@ class TrainConfig:
     max_steps: int | None = None  # None: derived by the recipe (epochs x batches per epoch; pretraining: 1000)
     batch_size: int = 32
     micro_batch_size: int | None = None
+    optimizer: str = "adamw"  # OPTIMIZERS; "lamb": LAMB (You et al. 2020) for large batches (lmforge.training.optim)
     lr: float = 1e-4
     weight_decay: float = 0.01
     beta1: float = 0.9
@@ -479,6 +532,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         problems = []
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer={self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.schedule not in SCHEDULES:
             problems.append(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.precision not in PRECISIONS:
@@ -535,7 +590,7 @@ class DataConfig:
     objective: str = "mlm+nsp"
     seq_len: int = 128
     short_seq_prob: float = 0.1
-    nsp_prob: float = 0.5
+    nsp_prob: float = 0.5  # the share of negative pairs: a random B (NSP) or the two segments swapped (SOP)
     masking: str = "token"
     mask_prob: float = 0.15
     max_predictions: int | None = None  # None: round(mask_prob * seq_len), the budget following the length

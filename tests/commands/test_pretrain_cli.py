@@ -29,7 +29,7 @@ def prepared(tmp_path_factory, bbc_dir):
 
 
 @pytest.mark.parametrize(("preset", "objective"), [("bert-tiny", "mlm+nsp"), ("bert-tiny", "span"),
-                                                   ("gpt-nano", "clm")])
+                                                   ("albert-mini", "mlm+sop"), ("gpt-nano", "clm")])
 def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, capsys):
     out = tmp_path / "run"
     code = main(["pretrain", "--preset", preset, "--objective", objective, "--data", str(prepared / "data"),
@@ -44,6 +44,9 @@ def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, c
     assert loaded.tokenizer is not None and loaded.config.n_layers == 1
     run_config = json.loads((out / "run_config.json").read_text())
     assert run_config["data"]["objective"] == objective and run_config["preset"] == preset
+    if objective == "mlm+sop":  # ALBERT: the sentence-order loss is logged under its own name
+        assert all("sop_accuracy" in r and "nsp_accuracy" not in r for r in train)
+        assert loaded.config.share_layers == "all" and loaded.config.embedding_size == 128
     if objective != "clm":
         assert main(["embed", "--model", str(out), "--input", str(prepared / "tok" / "vocab.txt"),
                      "--out", str(tmp_path / "e.npy")]) == 0

@@ -134,7 +134,8 @@ def test_mlm_gradient_reaches_the_embedding_once() -> None:
 def test_head_argument_checks() -> None:
     cfg = tiny_config()
     enc = Encoder(cfg)
-    with pytest.raises(LmforgeError, match=r"shape \(99, 12\) but the config says \(vocab_size=100, d_model=12\)"):
+    with pytest.raises(LmforgeError,
+                       match=r"shape \(99, 12\) but the config says \(vocab_size=100, embedding width=12\)"):
         BertPreTrainingHeads(tiny_config(vocab_size=100), enc.get_input_embeddings().weight)
     with pytest.raises(LmforgeError, match="tie_embeddings=False"):
         BertPreTrainingHeads(tiny_config(tie_embeddings=False), enc.get_input_embeddings().weight)

@@ -18,11 +18,12 @@ def choices_of(option: str, command: str = "pretrain") -> list[str]:
 
 
 def test_the_cli_offers_exactly_the_registry():
-    assert choices_of("--objective") == list(OBJECTIVES) == ["mlm+nsp", "mlm", "span", "clm", "bilm", "awd_lm"]
+    assert choices_of("--objective") == list(OBJECTIVES) == ["mlm+nsp", "mlm+sop", "mlm", "span", "clm", "bilm",
+                                                                 "awd_lm"]
 
 
 def test_unknown_names_and_duplicates_are_clear_errors():
-    with pytest.raises(LmforgeError, match="objective='bogus' is not one of mlm\\+nsp, mlm, span, clm"):
+    with pytest.raises(LmforgeError, match="objective='bogus' is not one of mlm\\+nsp, mlm\\+sop, mlm, span, clm"):
         get_objective("bogus")
     with pytest.raises(LmforgeError, match="'mlm' is already registered"):
         register_objective(OBJECTIVES["mlm"])

@@ -34,6 +34,14 @@ cheap (no token is read) and a spec is turned into ids only when its batch is bu
   - output ``[CLS] A [SEP] B [SEP]``, token types 0 for ``[CLS] A [SEP]`` and 1 for ``B [SEP]``, NSP label
     0 = B is the real continuation, 1 = B is random (Hugging Face's and BERT's convention).
 
+* ``plan_sop_document`` — ALBERT's sentence-order prediction (Lan et al. 2020, section 3.1): BERT's chunks and
+  A/B split as in exact mode with ``nsp_prob = 0`` (so B is always the real text that follows A in the same
+  document, a one-sentence chunk borrowing or cutting as above), then with probability ``sop_prob`` (0.5) the two
+  segments are swapped: label 0 = in order, 1 = swapped (Hugging Face's ``sentence_order_label``). Deviation from
+  google-research/albert's code, which gives a one-sentence chunk a random other document's text as B (an NSP
+  negative inside SOP): here every pair is two consecutive segments of one document, and the label is an
+  independent Bernoulli(``sop_prob``) draw.
+
 * ``make_packed_instances`` — RoBERTa's FULL-SENTENCES (Liu et al., 2019, section 4.2): whole sentences packed
   contiguously, crossing document boundaries, with an extra ``[SEP]`` between documents:
   ``[CLS] s s s [SEP] s s [SEP]`` up to ``seq_len`` tokens, token types all 0. A sentence longer than the
@@ -64,7 +72,7 @@ from lmforge.errors import LmforgeError
 __all__ = [
     "CausalBlocks", "Instance", "NspSpec", "TooFewDocumentsError", "make_causal_blocks", "make_nsp_instances",
     "make_packed_instances", "make_segment_instances", "materialize_nsp", "materialize_pieces", "nsp_error",
-    "plan_nsp_document", "plan_packed", "plan_segments",
+    "plan_nsp_document", "plan_packed", "plan_segments", "plan_sop_document",
 ]
 
 Piece = tuple[int, int, int]  # (document, token start, token end) within the document
@@ -104,8 +112,11 @@ def _check_seq_len(seq_len: int, minimum: int) -> None:
 
 # How pretraining examples are cut from a corpus (``lmforge.data.pretraining``): segment pairs with NSP labels
 # (BERT), packed full sentences (RoBERTa), single contiguous segments (SpanBERT), causal blocks (GPT); "stream":
-# consecutive BPTT windows of one contiguous stream for a stateful LSTM LM (``lmforge.data.lm_stream``, AWD-LSTM).
-PLANS = ("nsp", "packed", "segments", "causal", "stream")
+# consecutive BPTT windows of one contiguous stream for a stateful LSTM LM (``lmforge.data.lm_stream``, AWD-LSTM);
+# "sop": segment pairs of one document, in order or swapped (ALBERT's sentence-order prediction).
+PLANS = ("nsp", "packed", "segments", "causal", "stream", "sop")
+# the plans that make segment pairs with a binary label (``Instance.nsp_label``; batches carry ``nsp_labels``)
+PAIR_PLANS = ("nsp", "sop")
 
 
 class TooFewDocumentsError(LmforgeError):
@@ -208,6 +219,28 @@ def plan_nsp_document(doc: int, offsets: np.ndarray, rng: np.random.Generator, *
             chunk_start = i + 1
         i += 1
     return specs
+
+
+def plan_sop_document(doc: int, offsets: np.ndarray, rng: np.random.Generator, *, seq_len: int,
+                      short_seq_prob: float, sop_prob: float = 0.5) -> list[NspSpec]:
+    """Plan ALBERT's sentence-order pairs for one document (see the module docstring).
+
+    Args:
+        doc: the document's index.
+        offsets: (n_sentences + 1,) token offsets of its sentences.
+        rng: draws every random choice (the chunking's draws first, then one swap draw per pair, in order).
+        seq_len: the model's sequence length.
+        short_seq_prob: BERT's probability of a shorter target length (0.1).
+        sop_prob: probability that a pair is swapped (label 1).
+
+    Returns:
+        Specs whose A and B both come from ``doc``: label 0 = B follows A, 1 = A follows B (swapped).
+    """
+    pairs = plan_nsp_document(doc, offsets, rng, seq_len=seq_len, short_seq_prob=short_seq_prob, nsp_prob=0.0,
+                              pool=np.array([doc]), offsets_of=lambda other: offsets, balance="exact")
+    swaps = rng.random(len(pairs)) < sop_prob
+    return [NspSpec(p.b_doc, p.b_start, p.b_end, p.a_doc, p.a_start, p.a_end, 1) if swap else p
+            for p, swap in zip(pairs, swaps.tolist(), strict=True)]
 
 
 def materialize_nsp(spec: NspSpec, tokens_of: Callable[[int], np.ndarray], cls_id: int,

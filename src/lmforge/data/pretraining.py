@@ -2,12 +2,13 @@
 
 Batch format (a dict of int64 torch tensors; B = micro-batch size, T = the longest sequence in the batch):
 
-* masked-LM plans (``"nsp"``, ``"packed"``, ``"segments"``):
+* masked-LM plans (``"nsp"``, ``"sop"``, ``"packed"``, ``"segments"``):
     - ``input_ids`` (B, T): corrupted ids, padded with the tokenizer's [PAD] id (0 for BERT vocabularies);
     - ``attention_mask`` (B, T): 1 = real token, 0 = padding;
     - ``token_type_ids`` (B, T): 0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]`` (only NSP pairs have 1s), 0 at padding;
     - ``mlm_labels`` (B, T): original id at predicted positions, -100 elsewhere (padding included);
-    - ``nsp_labels`` (B,): plan ``"nsp"`` only; 0 = B follows A, 1 = B is random;
+    - ``nsp_labels`` (B,): the pair plans only; ``"nsp"``: 0 = B follows A, 1 = B is random; ``"sop"``: 0 = the
+      two segments in their order, 1 = swapped;
     - ``sbo_left``, ``sbo_right`` (B, T): span masking only; position of the token just before / after the
       span holding each predicted token (valid where ``mlm_labels != -100``; -1 elsewhere);
     - ``sbo_offset`` (B, T): span masking only; 0-based position of the token inside its span (0 elsewhere).
@@ -18,6 +19,7 @@ Plans (``PLANS``: how examples are cut from the corpus; each pretraining objecti
 ``lmforge.objectives.registry``, so this module knows no objective by name):
 
 * ``"nsp"`` — BERT: segment pairs with NSP labels (``instances.plan_nsp_document``).
+* ``"sop"`` — ALBERT: consecutive segment pairs of one document, swapped half the time (``plan_sop_document``).
 * ``"packed"`` — RoBERTa FULL-SENTENCES packing, no NSP, token types all 0.
 * ``"segments"`` — SpanBERT: single contiguous segments of one document (the paper's single-sequence training).
 * ``"causal"`` — GPT causal blocks of ``seq_len`` inputs (``seq_len + 1`` tokens with the shifted labels); no
@@ -26,7 +28,7 @@ Plans (``PLANS``: how examples are cut from the corpus; each pretraining objecti
 Determinism without carried RNG state. Every random draw comes from a generator made from a key:
 
 * the example order of epoch ``e``: ``default_rng([seed, e, 1, 0]).permutation(n)``;
-* the segment pairs of document ``d`` in epoch ``e`` (NSP): ``default_rng([seed, e, 2, d])``;
+* the segment pairs of document ``d`` in epoch ``e`` (NSP, SOP): ``default_rng([seed, e, 2, d])``;
 * the masks of example ``i`` (its index in the epoch's plan, before shuffling): ``default_rng([seed, e, 3, i])``.
 
 (The constant third element keeps the three streams apart; keys all have four elements because NumPy's
@@ -68,6 +70,7 @@ import torch
 
 from lmforge.config import DataConfig
 from lmforge.data.instances import (
+    PAIR_PLANS,
     PLANS,
     CausalBlocks,
     NspSpec,
@@ -77,6 +80,7 @@ from lmforge.data.instances import (
     plan_nsp_document,
     plan_packed,
     plan_segments,
+    plan_sop_document,
 )
 from lmforge.data.masking import IGNORE_INDEX, continuation_mask, mask_tokens
 from lmforge.data.shards import ShardedCorpus
@@ -226,7 +230,7 @@ class PretrainingData:
             raise LmforgeError(f"plan {plan!r} makes masked-LM examples: give a masking strategy")
         if self.masking is not None and rank == 0:
             _warn_low_cap(self.max_predictions, data_config.seq_len, data_config.mask_prob)
-        nsp = plan == "nsp"
+        nsp = plan == "nsp"  # random next segments need other documents; SOP's pairs never leave their document
         n_docs = corpus.num_documents
         train_docs, eval_docs = split_documents(n_docs, data_config.eval_fraction,
                                                 min_eval=2 if nsp and n_docs >= 4 else 1)
@@ -282,10 +286,15 @@ class PretrainingData:
 
     # ------------------------------------------------------------------ plans
     def _nsp_plan(self, epoch: int) -> list[NspSpec]:
+        """The segment pairs of an epoch: BERT's NSP pairs, or ALBERT's sentence-order pairs (plan "sop")."""
         specs: list[NspSpec] = []
         cfg = self.config
         for doc in self.documents.tolist():
             rng = np.random.default_rng([self._key_seed, epoch, _INSTANCES, doc])
+            if self.plan == "sop":
+                specs.extend(plan_sop_document(doc, self.corpus.sentence_offsets(doc), rng, seq_len=cfg.seq_len,
+                                               short_seq_prob=cfg.short_seq_prob, sop_prob=cfg.nsp_prob))
+                continue
             specs.extend(plan_nsp_document(doc, self.corpus.sentence_offsets(doc), rng, seq_len=cfg.seq_len,
                                            short_seq_prob=cfg.short_seq_prob, nsp_prob=cfg.nsp_prob,
                                            pool=self.documents, offsets_of=self.corpus.sentence_offsets,
@@ -332,7 +341,7 @@ class PretrainingData:
                         max_span_len=cfg.max_span_len, max_ngram=cfg.max_ngram)
         example = {"input_ids": m.input_ids, "token_type_ids": inst.token_type_ids, "mlm_labels": m.labels,
                    "sbo_left": m.sbo_left, "sbo_right": m.sbo_right, "sbo_offset": m.sbo_offset}
-        if self.plan == "nsp":
+        if self.plan in PAIR_PLANS:
             example["nsp_label"] = inst.nsp_label
         return example
 

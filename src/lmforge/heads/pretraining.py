@@ -61,13 +61,15 @@ class MaskedLMHead(nn.Module):
     weight: nn.Parameter  # the tied (V, D) token embedding, not in the state dict
 
     def __init__(self, embedding_weight: nn.Parameter, activation: str = "gelu", layer_norm_eps: float = 1e-12,
-                 init_std: float = 0.02) -> None:
+                 init_std: float = 0.02, d_model: int | None = None) -> None:
         """
         Args:
-            embedding_weight: the (V, D) token embedding parameter to tie to.
+            embedding_weight: the (V, E) token embedding parameter to tie to.
             activation: name in ``lmforge.nn.feedforward.ACTIVATIONS`` (BERT: exact "gelu").
             layer_norm_eps: LayerNorm epsilon (BERT 1e-12).
             init_std: standard deviation of the dense weight's normal initialisation.
+            d_model: the width D of the hidden states it reads, when it differs from E (ALBERT's factorised
+                embedding: the transform maps D -> E, as ALBERT's ``predictions.dense``); None: D = E.
         """
         super().__init__()
         if not isinstance(embedding_weight, nn.Parameter) or embedding_weight.dim() != 2:
@@ -75,11 +77,11 @@ class MaskedLMHead(nn.Module):
                                "to, e.g. encoder.get_input_embeddings().weight")
         if activation not in ACTIVATIONS:
             raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
-        V, D = embedding_weight.shape
+        V, E = embedding_weight.shape
         self.activation_name = activation
         self.activation = ACTIVATIONS[activation]
-        self.dense = nn.Linear(D, D)
-        self.norm = nn.LayerNorm(D, eps=layer_norm_eps)
+        self.dense = nn.Linear(E if d_model is None else d_model, E)
+        self.norm = nn.LayerNorm(E, eps=layer_norm_eps)
         self.weight = embedding_weight  # registered (so .to() and parameters() see it) but kept out of state_dict
         self.bias = nn.Parameter(torch.zeros(V))  # BERT's per-token output bias
         nn.init.normal_(self.dense.weight, std=init_std)
@@ -95,12 +97,13 @@ class MaskedLMHead(nn.Module):
         Returns:
             (..., V) vocabulary logits.
         """
-        h = self.norm(self.activation(self.dense(hidden)))  # (..., D)
+        h = self.norm(self.activation(self.dense(hidden)))  # (..., E)
         return F.linear(h, self.weight, self.bias)  # (..., V)
 
     def extra_repr(self) -> str:
-        V, D = self.weight.shape
-        return f"d_model={D}, vocab_size={V}, activation={self.activation_name!r}, tied=True"
+        V, E = self.weight.shape
+        D = self.dense.in_features
+        return f"d_model={D}, embedding_size={E}, vocab_size={V}, activation={self.activation_name!r}, tied=True"
 
 
 def _drop_tied_weight(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
@@ -153,13 +156,8 @@ class BertPreTrainingHeads(nn.Module):
             embedding_weight: the encoder's token embedding parameter, ``encoder.get_input_embeddings().weight``.
         """
         super().__init__()
-        if not config.tie_embeddings:
-            raise LmforgeError("BertPreTrainingHeads ties the MLM un-embedding to the token embedding; "
-                               "tie_embeddings=False is not supported")
-        if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, config.d_model):
-            raise LmforgeError(f"embedding_weight has shape {tuple(embedding_weight.shape)} but the config says "
-                               f"(vocab_size={config.vocab_size}, d_model={config.d_model})")
-        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+        _check_tied(config, embedding_weight, "BertPreTrainingHeads")
+        self.mlm = _mlm_head(config, embedding_weight)
         self.nsp = NextSentenceHead(config.d_model, config.init_std)
 
     def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:
@@ -223,9 +221,16 @@ def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str) -
     if not config.tie_embeddings:
         raise LmforgeError(f"{who} ties the un-embedding to the token embedding; tie_embeddings=False is not "
                            "supported")
-    if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, config.d_model):
+    E = config.d_embedding
+    if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, E):
         raise LmforgeError(f"embedding_weight has shape {tuple(embedding_weight.shape)} but the config says "
-                           f"(vocab_size={config.vocab_size}, d_model={config.d_model})")
+                           f"(vocab_size={config.vocab_size}, embedding width={E})")
+
+
+def _mlm_head(config: ModelConfig, embedding_weight: nn.Parameter) -> MaskedLMHead:
+    """The MLM head of ``config`` (its transform maps d_model to the embedding width: ALBERT's factorisation)."""
+    return MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std,
+                        d_model=config.d_model)
 
 
 class MaskedLMHeads(nn.Module):
@@ -237,7 +242,7 @@ class MaskedLMHeads(nn.Module):
     def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter) -> None:
         super().__init__()
         _check_tied(config, embedding_weight, "MaskedLMHeads")
-        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+        self.mlm = _mlm_head(config, embedding_weight)
 
     def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:
         hidden = encoder_output.last_hidden_state  # (B, T, D)
@@ -271,13 +276,13 @@ class SpanBoundaryHead(nn.Module):
         super().__init__()
         if max_span_len < 1:
             raise LmforgeError(f"max_span_len must be >= 1, got {max_span_len}")
-        D = config.d_model
+        D, E = config.d_model, config.d_embedding  # E: the embedding width y is un-embedded by (ALBERT: E < D)
         self.max_span_len = max_span_len
         self.position = nn.Embedding(max_span_len, D)
         self.fc1 = nn.Linear(3 * D, D)
         self.norm1 = nn.LayerNorm(D, eps=config.layer_norm_eps)
-        self.fc2 = nn.Linear(D, D)
-        self.norm2 = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.fc2 = nn.Linear(D, E)
+        self.norm2 = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.weight = embedding_weight  # tied, not saved (the MLM head's hooks pattern)
         self.register_state_dict_post_hook(_drop_tied_weight)
@@ -304,7 +309,7 @@ class SpanBoundaryHead(nn.Module):
                                "target), as lmforge.data.masking does")
         x = torch.cat([hidden[rows, left], hidden[rows, right], self.position(offset)], dim=-1)  # (N, 3D)
         h = self.norm1(F.gelu(self.fc1(x)))  # (N, D)
-        y = self.norm2(F.gelu(self.fc2(h)))  # (N, D)
+        y = self.norm2(F.gelu(self.fc2(h)))  # (N, E)
         return F.linear(y, self.weight, self.bias)  # (N, V)
 
 
@@ -317,7 +322,7 @@ class SpanBertHeads(nn.Module):
     def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter, max_span_len: int = 10) -> None:
         super().__init__()
         _check_tied(config, embedding_weight, "SpanBertHeads")
-        self.mlm = MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std)
+        self.mlm = _mlm_head(config, embedding_weight)
         self.sbo = SpanBoundaryHead(config, embedding_weight, max_span_len)
 
     def forward(self, encoder_output: Any, masked_positions: Tensor | None = None, sbo_left: Tensor | None = None,

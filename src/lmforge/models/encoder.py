@@ -3,10 +3,17 @@
 Shape legend: B batch, T sequence length, D model dim (d_model), H heads, V vocabulary size, L layers,
 G segment (token type) vocabulary size.
 
-    input_ids (B, T) ──► token + position + segment embeddings ─► LayerNorm ─► dropout      (B, T, D)
+    input_ids (B, T) ──► token + position + segment embeddings ─► LayerNorm ─► dropout      (B, T, E)
+                     ──► projection E -> D (ALBERT's factorised embedding; absent when E = D)   (B, T, D)
                      ──► L x EncoderLayer (self-attention, feed-forward; post-LN or pre-LN) (B, T, D)
                      ──► final LayerNorm (pre-LN only)                     = last_hidden_state (B, T, D)
                      ──► pooler: tanh(W h_[CLS] + b)                       = pooled_output     (B, D)
+
+E is the embedding width: ``config.embedding_size`` (ALBERT, Lan et al. 2020) or D (BERT).
+
+Compact variants are options of this one family, not copies of it:
+    ALBERT      embedding_size=E < D, share_layers="all" (or "attention" / "ffn": only that sublayer shared)
+    DistilBERT  type_vocab_size=0 (no segment embedding), pooler=False (pooled_output = h_[CLS]), fewer layers
 
 Masks follow ``lmforge.nn.masks``: ``attention_mask`` (B, T) with 1 = real token, 0 = padding.
 """
@@ -27,7 +34,7 @@ from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
 
-__all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "init_bert_weights"]
+__all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "build_encoder_layers", "init_bert_weights"]
 
 
 class EncoderOutput(NamedTuple):
@@ -35,7 +42,8 @@ class EncoderOutput(NamedTuple):
 
     Attributes:
         last_hidden_state: (B, T, D) output of the last layer (after the final LayerNorm in pre-LN mode).
-        pooled_output: (B, D) ``tanh(dense(h_[CLS]))``, the sentence representation BERT's NSP head uses.
+        pooled_output: (B, D) ``tanh(dense(h_[CLS]))``, the sentence representation BERT's NSP head uses (with
+            ``pooler=False``, DistilBERT: ``h_[CLS]`` itself).
         hidden_states: with ``output_hidden_states=True``, L + 1 tensors (B, T, D): the embeddings output, then
             each layer's output (the last one equals ``last_hidden_state``); else None.
         attentions: with ``output_attentions``, L entries: (B, H, T, T) weights for each requested layer and None
@@ -63,6 +71,11 @@ class EncoderEmbeddings(nn.Module):
 
     Positions: ``"learned"`` (BERT) or ``"sinusoidal"`` tables are added here; with ``"rotary"`` nothing is added
     (the rotation happens inside attention) and ``positions`` is None.
+
+    ALBERT's factorised embedding (Lan et al. 2020, section 3.1): the tables are E = ``embedding_size`` wide and
+    ``projection`` (E -> D, after the dropout, as ALBERT's ``embedding_hidden_mapping_in``) lifts them to D; the
+    parameters go from V x D to V x E + E x D. DistilBERT's ``type_vocab_size=0``: no segment table (``segments``
+    is None) and any ``token_type_ids`` are ignored.
     """
 
     def __init__(self, config: ModelConfig, positions: Positions | None = None) -> None:
@@ -73,15 +86,16 @@ class EncoderEmbeddings(nn.Module):
                 whose rotary part goes to the layers); None builds it here.
         """
         super().__init__()
-        D = config.d_model
-        self.tokens = nn.Embedding(config.vocab_size, D)
+        E = config.d_embedding
+        self.tokens = nn.Embedding(config.vocab_size, E)
         if positions is None:
-            positions = build_positional(config.positional, d_model=D, d_head=config.d_head,
+            positions = build_positional(config.positional, d_model=E, d_head=config.d_head,
                                          max_len=config.max_seq_len)
         self.positions: LearnedPositional | SinusoidalPositional | None = positions.table
-        self.segments = nn.Embedding(config.type_vocab_size, D)
-        self.norm = nn.LayerNorm(D, eps=config.layer_norm_eps)
+        self.segments = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None
+        self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.dropout)
+        self.projection = nn.Linear(E, config.d_model) if E != config.d_model else None
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
@@ -94,14 +108,17 @@ class EncoderEmbeddings(nn.Module):
         Returns:
             (B, T, D) embeddings.
         """
-        x = self.tokens(input_ids)  # (B, T, D)
-        if token_type_ids is None:
-            x = x + self.segments.weight[0]  # (B, T, D) all segment A: a broadcast add, no gather
+        x = self.tokens(input_ids)  # (B, T, E)
+        if self.segments is None:
+            pass  # DistilBERT: no segment embedding
+        elif token_type_ids is None:
+            x = x + self.segments.weight[0]  # (B, T, E) all segment A: a broadcast add, no gather
         else:
-            x = x + self.segments(token_type_ids)  # (B, T, D)
+            x = x + self.segments(token_type_ids)  # (B, T, E)
         if self.positions is not None:
-            x = self.positions(x, positions=position_ids)  # (B, T, D) adds the position rows
-        return self.dropout(self.norm(x))  # (B, T, D)
+            x = self.positions(x, positions=position_ids)  # (B, T, E) adds the position rows
+        x = self.dropout(self.norm(x))  # (B, T, E)
+        return x if self.projection is None else self.projection(x)  # (B, T, D)
 
 
 class Pooler(nn.Module):
@@ -126,6 +143,36 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))  # (B, D)
 
 
+def build_encoder_layers(config: ModelConfig, rotary: nn.Module | None) -> nn.ModuleList:
+    """The encoder's ``n_layers`` layers, with ALBERT's cross-layer sharing (Lan et al. 2020, section 3.1).
+
+    ``share_layers``: ``"none"`` (BERT) builds L independent layers; ``"all"`` one layer used L times (the list
+    holds the same module at every index, so its gradient sums the contributions of every use); ``"attention"``
+    / ``"ffn"`` L layers whose self-attention projections / feed-forward are one shared module, each layer keeping
+    its own LayerNorms (the paper's ablations, Table 4; ALBERT's released code shares all or nothing).
+    """
+
+    def new_layer() -> EncoderLayer:
+        return EncoderLayer(
+            config.d_model, config.n_heads, config.d_ff, dropout=config.dropout,
+            attention_dropout=config.attention_dropout, activation=config.activation,
+            norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
+            rotary=rotary)
+
+    first = new_layer()
+    if config.share_layers == "all":
+        return nn.ModuleList([first] * config.n_layers)
+    layers = [first]
+    for _ in range(config.n_layers - 1):
+        layer = new_layer()
+        if config.share_layers == "attention":
+            layer.self_attn = first.self_attn
+        elif config.share_layers == "ffn":
+            layer.ffn = first.ffn
+        layers.append(layer)
+    return nn.ModuleList(layers)
+
+
 class Encoder(nn.Module):
     """BERT encoder, Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
     Understanding" (NAACL): embeddings, ``n_layers`` Transformer encoder layers (Vaswani et al. 2017), pooler.
@@ -140,9 +187,11 @@ class Encoder(nn.Module):
           ``config.dropout`` (BERT's attention_probs_dropout_prob and hidden_dropout_prob).
         - Fully padded sequences give finite (meaningless) outputs, never NaN (``lmforge.nn.masks``).
 
-    State-dict keys: ``embeddings.{tokens,positions,segments,norm}.*``,
+    State-dict keys: ``embeddings.{tokens,positions,segments,norm,projection}.*`` (segments / projection only when
+    the model has them),
     ``layers.{i}.{self_attn.{q,k,v,out}_proj, self_attn_norm, ffn.fc1, ffn.fc2, ffn_norm}.*``,
-    ``final_norm.*`` (pre-LN only), ``pooler.dense.*``. None depend on the kernel or the output flags.
+    ``final_norm.*`` (pre-LN only), ``pooler.dense.*`` (with a pooler). None depend on the kernel or the output flags.
+    Shared layers (ALBERT) appear under every index that uses them, as aliases of one tensor (saved once).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -152,25 +201,18 @@ class Encoder(nn.Module):
         """
         super().__init__()
         self.config = config
-        positions = build_positional(config.positional, d_model=config.d_model, d_head=config.d_head,
+        positions = build_positional(config.positional, d_model=config.d_embedding, d_head=config.d_head,
                                      max_len=config.max_seq_len)
         rotary = positions.rotary  # one RotaryEmbedding shared by every layer, or None
         self.embeddings = EncoderEmbeddings(config, positions)
-        self.layers = nn.ModuleList()
-        for _ in range(config.n_layers):
-            layer = EncoderLayer(
-                config.d_model, config.n_heads, config.d_ff, dropout=config.dropout,
-                attention_dropout=config.attention_dropout, activation=config.activation,
-                norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
-                rotary=rotary)
-            self.layers.append(layer)
+        self.layers = build_encoder_layers(config, rotary)
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first \
             else nn.Identity()
-        self.pooler = Pooler(config.d_model)
+        self.pooler = Pooler(config.d_model) if config.pooler else None
         self.apply(lambda m: init_bert_weights(m, config.init_std))
 
     def get_input_embeddings(self) -> nn.Embedding:
-        """The token embedding (V, D); output heads tie their un-embedding to its ``weight``."""
+        """The token embedding (V, E); output heads tie their un-embedding to its ``weight``."""
         return self.embeddings.tokens
 
     def forward(
@@ -217,7 +259,7 @@ class Encoder(nn.Module):
         x = self.final_norm(x)  # (B, T, D); Identity in post-LN mode
         if hidden_states is not None:
             hidden_states[-1] = x  # the last entry is always last_hidden_state (normed in pre-LN mode)
-        pooled = self.pooler(x)  # (B, D)
+        pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
         return EncoderOutput(
             x, pooled,
             None if hidden_states is None else tuple(hidden_states),
@@ -236,7 +278,7 @@ class Encoder(nn.Module):
         if T > cfg.max_seq_len:
             raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
                                f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
-        if token_type_ids is not None:
+        if token_type_ids is not None and cfg.type_vocab_size:
             check_integer_tensor(token_type_ids, "token_type_ids")
             if token_type_ids.shape != input_ids.shape:
                 raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
@@ -262,5 +304,8 @@ class Encoder(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
+        extra = "".join(f", {k}={getattr(c, k)!r}" for k, default in
+                        (("embedding_size", None), ("share_layers", "none"), ("pooler", True), ("type_vocab_size", 2))
+                        if getattr(c, k) != default)
         return (f"n_layers={c.n_layers}, d_model={c.d_model}, n_heads={c.n_heads}, d_ff={c.d_ff}, "
-                f"norm_first={c.norm_first}, positional={c.positional!r}")
+                f"norm_first={c.norm_first}, positional={c.positional!r}{extra}")

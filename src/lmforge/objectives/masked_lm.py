@@ -1,4 +1,5 @@
-"""Masked-language-model objectives: BERT (MLM + NSP), RoBERTa (MLM only) and SpanBERT (MLM + SBO).
+"""Masked-language-model objectives: BERT (MLM + NSP), ALBERT (MLM + SOP), RoBERTa (MLM only) and SpanBERT
+(MLM + SBO).
 
 Batches follow ``lmforge.data.pretraining``: ``input_ids``, ``attention_mask``, ``token_type_ids``,
 ``mlm_labels`` (-100 where nothing is predicted), and ``nsp_labels`` / ``sbo_left``, ``sbo_right``,
@@ -6,7 +7,7 @@ Batches follow ``lmforge.data.pretraining``: ``input_ids``, ``attention_mask``, 
 (the head gathers them first): in a small BERT it is most of the compute.
 
 Losses (Devlin et al., 2019; Joshi et al., 2020): the MLM loss is the mean cross-entropy over masked tokens,
-the NSP loss the mean over sequences, the SBO loss the mean over span tokens that have an SBO target
+the NSP (or SOP) loss the mean over sequences, the SBO loss the mean over span tokens that have an SBO target
 (``sbo_left >= 0``: every span token except the pieces of a long span past the head's position table, see
 ``lmforge.data.masking``); the total is their sum.
 """
@@ -33,22 +34,26 @@ class MaskedLMObjective:
     """MLM, optionally with next-sentence prediction (BERT) or the span boundary objective (SpanBERT).
 
     Args:
-        nsp: add the NSP loss (needs ``nsp_labels``; the model's head must return ``nsp_logits``).
+        nsp: add the sentence-pair loss (needs ``nsp_labels``; the model's head must return ``nsp_logits``).
         sbo: add the SBO loss (needs the ``sbo_*`` tensors; the head must be ``SpanBertHeads``).
+        pair_task: what the pair labels mean, the name of the loss term and metric: ``"nsp"`` (BERT: is B the next
+            segment) or ``"sop"`` (ALBERT: are the two segments in order); the same two-way classifier reads the
+            pooled output either way.
     """
 
     # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
     predicted_tokens_term = "mlm"
 
-    def __init__(self, nsp: bool = False, sbo: bool = False) -> None:
+    def __init__(self, nsp: bool = False, sbo: bool = False, pair_task: str = "nsp") -> None:
         self.nsp = nsp
         self.sbo = sbo
+        self.pair = pair_task
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         n = int((batch["mlm_labels"] != IGNORE).sum())
         out = {"mlm": n}
         if self.nsp:
-            out["nsp"] = int(batch["nsp_labels"].numel())
+            out[self.pair] = int(batch["nsp_labels"].numel())
         if self.sbo:
             out["sbo"] = int(((batch["mlm_labels"] != IGNORE) & (batch["sbo_left"] >= 0)).sum())
         return out
@@ -70,8 +75,8 @@ class MaskedLMObjective:
         if self.nsp:
             nsp_targets = batch["nsp_labels"]
             nsp_loss, nsp_correct = _sum_ce(out.nsp_logits, nsp_targets)
-            losses["nsp"] = (nsp_loss, nsp_targets.numel())
-            metrics["nsp_accuracy"] = (nsp_correct, nsp_targets.numel())
+            losses[self.pair] = (nsp_loss, nsp_targets.numel())
+            metrics[f"{self.pair}_accuracy"] = (nsp_correct, nsp_targets.numel())
         if self.sbo:
             sbo_targets = labels[selected & (batch["sbo_left"] >= 0)]  # (N_sbo,)
             n_sbo = sbo_targets.numel()

@@ -70,7 +70,7 @@ def get_objective(name: str) -> PretrainingObjective:
         raise LmforgeError(f"objective={name!r} is not one of {', '.join(OBJECTIVES)}") from None
 
 
-def _masked_lm(**flags: bool) -> Callable[[Any], Callable]:
+def _masked_lm(**flags: Any) -> Callable[[Any], Callable]:
     def build(data: Any) -> Callable:
         from lmforge.objectives.masked_lm import MaskedLMObjective
 
@@ -88,6 +88,9 @@ def _causal_lm(data: Any) -> Callable:
 register_objective(PretrainingObjective(
     "mlm+nsp", "BERT (Devlin et al. 2019): masked LM + next-sentence prediction", arch="encoder", plan="nsp",
     head={"type": "pretraining"}, loss=_masked_lm(nsp=True), fallback="mlm"))
+register_objective(PretrainingObjective(
+    "mlm+sop", "ALBERT (Lan et al. 2020): masked LM + sentence-order prediction (consecutive segments, swapped or not)",
+    arch="encoder", plan="sop", head={"type": "pretraining"}, loss=_masked_lm(nsp=True, pair_task="sop")))
 register_objective(PretrainingObjective(
     "mlm", "RoBERTa (Liu et al. 2019): masked LM on packed full sentences", arch="encoder", plan="packed",
     head={"type": "mlm"}, loss=_masked_lm()))
