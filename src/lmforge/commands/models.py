@@ -104,8 +104,11 @@ def run_embed(args: argparse.Namespace) -> int:
 
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--from-hf", metavar="DIR", help="a Hugging Face BERT or GPT-2 folder (safetensors) to import")
-    src.add_argument("--to-hf", metavar="DIR", help="an lmforge BERT or GPT model folder to export")
+    src.add_argument("--from-hf", metavar="DIR",
+                     help="a Hugging Face BERT, ALBERT, DistilBERT or GPT-2 folder (safetensors) to import")
+    src.add_argument("--to-hf", metavar="DIR",
+                     help="an lmforge model folder to export: an encoder as BERT, ALBERT (embedding_size or "
+                          "share_layers set) or DistilBERT (type_vocab_size=0, no pooler); a GPT decoder as GPT-2")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--overwrite", action="store_true")
 
@@ -139,10 +142,11 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def export_to_hf(loaded) -> tuple[dict, dict]:
-    """Hugging Face config dict and state dict of a loaded lmforge model (BERT encoder or GPT decoder).
+    """Hugging Face config dict and state dict of a loaded lmforge model (BERT-family encoder or GPT decoder).
 
     The family's ``hf_export`` names the layout; the branches below are about those concrete layouts (each has its
-    own converter in ``lmforge.interop``), not about lmforge's families.
+    own converter in ``lmforge.interop``), not about lmforge's families. The encoder family's "bert" layout is
+    refined by the config (``encoder_layout``): BERT, ALBERT or DistilBERT.
     """
     from lmforge.models import architecture, architectures_with
 
@@ -150,16 +154,7 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
     layout = architecture(config.arch).hf_export
     state = loaded.model.state_dict()
     if layout == "bert":
-        from lmforge.interop import hf_bert
-
-        if loaded.head is not None:
-            if loaded.head.get("type") != "pretraining":
-                raise LmforgeError(f"exporting a {loaded.head.get('type')!r} head to Hugging Face is not supported; "
-                                   "export the backbone (pretraining heads are supported)")
-            enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-            heads = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
-            return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)
-        return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(state)
+        return _export_encoder(loaded, state)
     if layout == "gpt2":
         from lmforge.interop import hf_gpt2
 
@@ -167,3 +162,54 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
     exportable = ", ".join(f"{name} as {architecture(name).hf_export}" for name in architectures_with("hf_export"))
     raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are: "
                        f"{exportable})")
+
+
+# What each encoder layout writes for each head: {layout: {head type or None: architectures entry}}.
+_ENCODER_ARCHITECTURES = {
+    "bert": {None: "BertForPreTraining", "pretraining": "BertForPreTraining"},
+    "albert": {None: "AlbertModel", "pretraining": "AlbertForPreTraining", "mlm": "AlbertForMaskedLM"},
+    "distilbert": {None: "DistilBertModel", "mlm": "DistilBertForMaskedLM"},
+}
+
+
+def encoder_layout(config) -> str:
+    """The Hugging Face layout an encoder config exports as: "distilbert" (no segment embedding and no pooler),
+    "albert" (a factorised embedding or shared layers), else "bert". Each converter then names any option its
+    layout cannot express."""
+    if config.type_vocab_size == 0 and not config.pooler:
+        return "distilbert"
+    if config.embedding_size is not None or config.share_layers != "none":
+        return "albert"
+    return "bert"
+
+
+def _export_encoder(loaded, state: dict) -> tuple[dict, dict]:
+    from lmforge.interop import hf_albert, hf_bert, hf_distilbert
+
+    config = loaded.config
+    layout = encoder_layout(config)
+    head_type = None if loaded.head is None else loaded.head.get("type")
+    names = {"bert": "BERT", "albert": "ALBERT", "distilbert": "DistilBERT"}
+    if head_type not in _ENCODER_ARCHITECTURES[layout]:
+        supported = ", ".join(f"{k!r} as {v}" for k, v in _ENCODER_ARCHITECTURES[layout].items() if k)
+        raise LmforgeError(f"exporting a {head_type!r} head of a {names[layout]}-layout encoder to Hugging Face is not "
+                           f"supported (heads that are: {supported}); export the backbone")
+    if layout == "bert" and (config.type_vocab_size == 0 or not config.pooler):
+        raise LmforgeError(
+            f"no Hugging Face layout expresses this encoder (type_vocab_size={config.type_vocab_size}, "
+            f"pooler={config.pooler}): BERT and ALBERT need a segment embedding (type_vocab_size >= 1) and a pooler "
+            "(ALBERT without one only with an 'mlm' head, as AlbertForMaskedLM), DistilBERT needs "
+            "type_vocab_size=0 and pooler=False")
+    architecture_name = _ENCODER_ARCHITECTURES[layout][head_type]
+    if head_type is None:
+        enc, heads = state, None
+    else:
+        enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        heads = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+    if layout == "distilbert":
+        return (hf_distilbert.config_to_hf(config, architecture_name),
+                hf_distilbert.state_dict_to_hf(enc, heads))
+    if layout == "albert":
+        return (hf_albert.config_to_hf(config, architecture_name),
+                hf_albert.state_dict_to_hf(enc, heads, share_layers=config.share_layers))
+    return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)

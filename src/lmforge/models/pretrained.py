@@ -8,8 +8,8 @@ Layout of a saved folder::
     vocab.txt, tokenizer_config.json   when a tokenizer was given
 
 A ``TaskModel`` (backbone + head) stores keys ``backbone.*`` and ``head.*``; ``load_backbone`` takes the backbone
-out of such a folder. A Hugging Face BERT or GPT-2 folder (``config.json`` with ``model_type``) loads too: it is
-converted on the fly by ``lmforge.interop``.
+out of such a folder. A Hugging Face BERT, ALBERT, DistilBERT or GPT-2 folder (``config.json`` with ``model_type``)
+loads too: it is converted on the fly by ``lmforge.interop``.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise InputFileError(f"{directory}: no {CONFIG_NAME}; is this a model folder (saved by lmforge or a "
-                             "Hugging Face BERT/GPT-2 checkpoint)?")
+                             "Hugging Face BERT/ALBERT/DistilBERT/GPT-2 checkpoint)?")
     raw = _read_json(path)
     if not isinstance(raw, dict):
         raise InputFileError(f"{path}: not a JSON object (it holds a {type(raw).__name__}); a model config is an "
@@ -346,8 +346,9 @@ def check_fits(build: Callable[[], nn.Module], config: ModelConfig, shapes: dict
     Raises:
         InputFileError: naming the config or the weights and what does not fit.
     """
-    layers = config.n_layers + (config.n_decoder_layers or 0)
-    if layers > len(shapes) + len(tied or {}):  # every layer has weights; this also bounds the build loop below
+    # every distinct layer has weights (ALBERT's share_layers="all": one); this also bounds the build loop below
+    layers = (1 if config.share_layers == "all" else config.n_layers) + (config.n_decoder_layers or 0)
+    if layers > len(shapes) + len(tied or {}):
         raise InputFileError(f"{config_path}: the model has {layers} layers but {weights} holds only "
                              f"{len(shapes)} tensors; the config does not describe these weights")
     try:
@@ -403,7 +404,8 @@ def _hf_model_type(raw: dict[str, Any]) -> str | None:
 
 
 def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
-    """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / GPT-2 folder.
+    """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / ALBERT / DistilBERT / GPT-2
+    folder.
 
     ``config.json`` is checked completely, then against the shapes in the weights' header (on the meta device),
     before the model is built: a hand-edited folder fails at once with one line, whatever sizes it claims.
@@ -422,7 +424,7 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if raw.get("format") != "lmforge" or "model" not in raw:
         raise InputFileError(f"{config_path}: not an lmforge model config (no \"format\": "
-                             "\"lmforge\") and not a Hugging Face BERT/GPT-2 config")
+                             "\"lmforge\") and not a Hugging Face BERT/ALBERT/DistilBERT/GPT-2 config")
     with _blaming(config_path):
         config = from_dict(ModelConfig, raw["model"], where="model")
     head = raw.get("head") if with_head else None
@@ -450,21 +452,22 @@ def load_backbone(directory: str | Path) -> Loaded:
 
 # Entries of Hugging Face checkpoints that copy another one (the tied decoder / LM head): the conversion compares
 # them by value, which meta tensors do not have, so the shape check leaves them out (the real load checks them).
-_HF_COPIES = {"bert": ("cls.predictions.decoder.weight",), "gpt2": ("lm_head.weight",)}
+_HF_COPIES = {"bert": ("cls.predictions.decoder.weight",), "albert": ("predictions.decoder.weight",),
+              "distilbert": ("vocab_projector.weight",), "gpt2": ("lm_head.weight",)}
 
 
 def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool) -> Loaded:
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if hf_type not in _HF_COPIES:
-        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT and GPT-2 "
-                             "layouts (model_type 'bert' or 'gpt2')")
+        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT, ALBERT, "
+                             "DistilBERT and GPT-2 layouts (model_type 'bert', 'albert', 'distilbert' or 'gpt2')")
     _check_weights_file(weights)  # first: a folder of pickle weights needs converting whatever its config says
     with _blaming(config_path):
         config = _hf_config(hf_type, raw)
     header = read_safetensors_header(weights)
     meta = {k: torch.empty(shape, device="meta") for k, (_, shape) in header.items() if k not in _HF_COPIES[hf_type]}
     try:
-        state, head, optional = _from_hf(hf_type, meta, with_head)
+        state, head, optional = _from_hf(hf_type, meta, with_head, config)
     except LmforgeError as err:
         raise InputFileError(f"{weights}: {err}") from None
     except (IndexError, RuntimeError) as err:  # a tensor of a rank the conversion cannot split or transpose
@@ -473,11 +476,11 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
     check_fits(lambda: build_model(config, head), config, {k: tuple(v.shape) for k, v in state.items()}, None,
                config_path, weights, allow_missing=optional + untied_head)
     with _blaming(weights):
-        state, head, optional = _from_hf(hf_type, read_weights(weights), with_head)
+        state, head, optional = _from_hf(hf_type, read_weights(weights), with_head, config)
     model = build_model(config, head)
     fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
     if fresh:
-        # BertForMaskedLM checkpoints have no pooler and no NSP classifier: those start from fresh weights.
+        # Bert/AlbertForMaskedLM checkpoints have no pooler and no NSP/SOP classifier: those start fresh.
         log.warning("%s has no weights for %s; they keep their random initialisation", directory, ", ".join(fresh))
     load_state(model, state, _tied_aliases(model), str(weights), allow_missing=optional)
     model.eval()
@@ -485,29 +488,39 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
 
 
 def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:
-    if hf_type == "bert":
-        from lmforge.interop import hf_bert
+    from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_gpt2
 
-        return hf_bert.config_from_hf(raw)
-    from lmforge.interop import hf_gpt2
-
-    return hf_gpt2.config_from_hf(raw)
+    converters = {"bert": hf_bert, "albert": hf_albert, "distilbert": hf_distilbert, "gpt2": hf_gpt2}
+    return converters[hf_type].config_from_hf(raw)
 
 
-def _from_hf(hf_type: str, tensors: dict[str, torch.Tensor], with_head: bool
+def _from_hf(hf_type: str, tensors: dict[str, torch.Tensor], with_head: bool, config: ModelConfig
              ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, tuple[str, ...]]:
     """(our state dict, head description, prefixes of keys the checkpoint may lack) of a Hugging Face state dict."""
     if hf_type == "gpt2":
         from lmforge.interop import hf_gpt2
 
         return hf_gpt2.state_dict_from_hf(tensors), None, ()
-    from lmforge.interop import hf_bert
+    if hf_type == "distilbert":  # no pooler, MLM heads only: nothing may be missing
+        from lmforge.interop import hf_distilbert
 
-    encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
+        encoder_sd, heads_sd = hf_distilbert.state_dict_from_hf(tensors)
+        head = {"type": "mlm"}
+        optional: tuple[str, ...] = ()
+    elif hf_type == "albert":
+        from lmforge.interop import hf_albert
+
+        encoder_sd, heads_sd = hf_albert.state_dict_from_hf(tensors, config)
+        head, optional = {"type": "pretraining"}, ("backbone.pooler.", "head.nsp.")  # SOP = our NSP classifier
+    else:
+        from lmforge.interop import hf_bert
+
+        encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
+        head, optional = {"type": "pretraining"}, ("backbone.pooler.", "head.nsp.")
     if heads_sd is None or not with_head:
-        return encoder_sd, None, ("pooler.",)
+        return encoder_sd, None, tuple(p[len("backbone."):] for p in optional if p.startswith("backbone."))
     state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()}, **{f"head.{k}": v for k, v in heads_sd.items()}}
-    return state, {"type": "pretraining"}, ("backbone.pooler.", "head.nsp.")
+    return state, head, optional
 
 
 def _tied_aliases(model: nn.Module) -> dict[str, str]:
