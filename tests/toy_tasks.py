@@ -24,8 +24,9 @@ def vocab() -> list[str]:
     return list(dict.fromkeys(pieces))
 
 
-def make_encoder_dir(path: Path, *, seed: int = 0) -> Path:
-    """A randomly initialised tiny encoder with its tokenizer, saved as an lmforge model folder."""
+def make_encoder_dir(path: Path, *, seed: int = 0, **overrides: object) -> Path:
+    """A randomly initialised tiny encoder with its tokenizer, saved as an lmforge model folder; ``overrides`` change
+    its ModelConfig (e.g. ALBERT's ``embedding_size`` and ``share_layers``)."""
     import torch
 
     from lmforge.config import ModelConfig
@@ -35,8 +36,8 @@ def make_encoder_dir(path: Path, *, seed: int = 0) -> Path:
 
     tokenizer = WordPieceTokenizer(vocab())
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=24, n_heads=2, n_layers=2, d_ff=48,
-                         max_seq_len=64, dropout=0.0, attention_dropout=0.0)
+    config = ModelConfig(**{**dict(vocab_size=tokenizer.vocab_size, d_model=24, n_heads=2, n_layers=2, d_ff=48,
+                                    max_seq_len=64, dropout=0.0, attention_dropout=0.0), **overrides})
     save_pretrained(Encoder(config), path, tokenizer=tokenizer)
     return path
 

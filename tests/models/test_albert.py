@@ -129,3 +129,26 @@ def test_presets_build_small_and_save_shared_weights_once(tmp_path):
     assert all(layer is loaded.backbone.layers[0] for layer in loaded.backbone.layers)
     ids = torch.randint(0, V, (2, 9))
     torch.testing.assert_close(loaded(ids).mlm_logits, model(ids).mlm_logits)
+
+
+def test_freezing_and_layer_rates_follow_the_deepest_use_of_a_shared_layer():
+    from lmforge.training.freeze import freeze, lr_scales
+    from lmforge.training.unfreeze import layer_groups
+
+    enc = Encoder(config(share_layers="all", embedding_size=E))
+    model = TaskModel(enc, build_head({"type": "pretraining"}, enc.config, enc))
+    frozen = freeze(model, "all-but-last:1")  # the shared layer is also the last layer: it trains
+    assert frozen and all(".embeddings." in name for name in frozen)
+    assert all(p.requires_grad for p in enc.layers[0].parameters())
+    enc = Encoder(config(share_layers="all", embedding_size=E))
+    scales = lr_scales(TaskModel(enc, build_head({"type": "pretraining"}, enc.config, enc)), lr=1e-3, layer_decay=0.5)
+    assert scales["backbone.layers.0.ffn.fc1.weight"] == 0.5  # depth L (its last use), not depth 1
+    assert scales["backbone.embeddings.projection.weight"] == 0.5 ** (L + 1)
+    groups = layer_groups(TaskModel(Encoder(config(share_layers="all")), torch.nn.Linear(2, 2)))
+    assert any("backbone.layers.0.ffn.fc1.weight" in g for g in groups[-2:])
+    # unshared layers keep their own depths, and a tied un-embedding stays with the embeddings
+    plain = Encoder(config())
+    tied = TaskModel(plain, build_head({"type": "pretraining"}, plain.config, plain))
+    scales = lr_scales(tied, lr=1e-3, layer_decay=0.5)
+    assert scales["backbone.layers.0.ffn.fc1.weight"] == 0.5 ** L
+    assert scales["backbone.embeddings.tokens.weight"] == 0.5 ** (L + 1)

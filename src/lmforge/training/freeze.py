@@ -13,6 +13,9 @@ trains):
 ``head_lr`` and layer-wise learning-rate decay (Howard & Ruder 2018's discriminative fine-tuning; the form of
 Clark et al. 2020, ELECTRA, appendix A): parameter at depth d of L layers gets ``decay ** (L + 1 - d)``, with the
 embeddings at d = 0, layer i (0-based) at d = i + 1 and the pooler / final norm / head at d = L + 1 (factor 1).
+
+Shared layers (ALBERT's ``share_layers``): a parameter used by several layers has the depth of its deepest use. It
+trains when any of its uses is in the last K layers, and gets that use's learning rate.
 """
 
 from __future__ import annotations
@@ -29,8 +32,24 @@ _EMBEDDING = re.compile(
 
 
 def _n_layers(model: nn.Module) -> int:
-    ids = [int(m.group(1)) for name, _ in model.named_parameters() if (m := _LAYER.match(name))]
+    # every alias of a shared parameter counts: a 12-layer ALBERT has one set of layer weights named 12 ways
+    ids = [int(m.group(1)) for name, _ in model.named_parameters(remove_duplicate=False) if (m := _LAYER.match(name))]
     return max(ids) + 1 if ids else 0
+
+
+def _deepest_use(model: nn.Module, n_layers: int, strip: str = "") -> dict[int, int]:
+    """``id(parameter) -> depth``: the depth of its first name, or of its deepest layer when the parameter is shared
+    by several layers (ALBERT). Other aliases do not count: a head's un-embedding tied to the token embedding stays
+    at the embeddings' depth."""
+    depths: dict[int, int] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        inner = name[len(strip):] if strip and name.startswith(strip) else name
+        depth = depth_of(inner, n_layers)
+        if id(param) not in depths:
+            depths[id(param)] = depth
+        elif _LAYER.match(inner) is not None:
+            depths[id(param)] = max(depths[id(param)], depth)
+    return depths
 
 
 def depth_of(name: str, n_layers: int) -> int:
@@ -66,8 +85,9 @@ def freeze(model: nn.Module, mode: str) -> list[str]:
     if kind == "all-but-last" and k > n_layers:
         raise LmforgeError(f"--freeze all-but-last:{k}: the model has only {n_layers} layers")
     frozen = []
+    deepest = _deepest_use(backbone, n_layers)
     for name, param in backbone.named_parameters():
-        depth = depth_of(name, n_layers)
+        depth = deepest[id(param)]
         if kind == "all":
             off = True
         elif kind == "embeddings":
@@ -86,6 +106,7 @@ def lr_scales(model: nn.Module, *, lr: float, head_lr: float | None = None,
               layer_decay: float = 1.0) -> dict[str, float]:
     """Learning-rate multiplier of every trainable parameter of a ``TaskModel`` (see the module docstring)."""
     n_layers = _n_layers(getattr(model, "backbone", model))
+    deepest = _deepest_use(model, n_layers, strip="backbone.")
     scales = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -93,6 +114,5 @@ def lr_scales(model: nn.Module, *, lr: float, head_lr: float | None = None,
         if name.startswith("head."):
             scales[name] = (head_lr / lr) if head_lr is not None else 1.0
         else:
-            inner = name[len("backbone."):] if name.startswith("backbone.") else name
-            scales[name] = layer_decay ** (n_layers + 1 - depth_of(inner, n_layers))
+            scales[name] = layer_decay ** (n_layers + 1 - deepest[id(param)])
     return scales

@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from lmforge.errors import LmforgeError
-from lmforge.training.freeze import _n_layers, depth_of
+from lmforge.training.freeze import _deepest_use, _n_layers
 
 __all__ = ["GradualUnfreezing", "layer_groups"]
 
@@ -34,10 +34,10 @@ def layer_groups(model: nn.Module) -> list[list[str]]:
     ``layers.0`` ... ``layers.{L-1}``, then the rest (head, pooler, norms above the layers). Empty groups are left
     out."""
     n_layers = _n_layers(getattr(model, "backbone", model))
+    deepest = _deepest_use(model, n_layers, strip="backbone.")  # a layer shared by all (ALBERT) joins the top one
     groups: list[list[str]] = [[] for _ in range(n_layers + 2)]
-    for name, _ in model.named_parameters():
-        inner = name[len("backbone."):] if name.startswith("backbone.") else name
-        depth = n_layers + 1 if name.startswith("head.") else depth_of(inner, n_layers)
+    for name, param in model.named_parameters():
+        depth = n_layers + 1 if name.startswith("head.") else deepest[id(param)]
         groups[depth].append(name)
     return [g for g in groups if g]
 
