@@ -39,6 +39,12 @@ from lmforge.nn.masks import (
     to_additive_mask,
 )
 from lmforge.nn.positional import LearnedPositional, Positions, RotaryEmbedding, SinusoidalPositional, build_positional
+from lmforge.nn.relative import (
+    RelativeAttentionOutput,
+    RelativeMultiHeadAttention,
+    rel_shift,
+    relative_positions_encoding,
+)
 from lmforge.nn.rnn import AttentionPooling, RNNOutput, StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = [
@@ -94,4 +100,8 @@ __all__ = [
     "compact_padding",
     "make_rnn",
     "make_state_score",
+    "RelativeAttentionOutput",
+    "RelativeMultiHeadAttention",
+    "rel_shift",
+    "relative_positions_encoding",
 ]
