@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
 # nn.positional, nn.feedforward.ACTIVATIONS
-ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm")
+ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm", "xlnet")
 # the families sized by the RNN fields (rnn_cell, bidirectional, attention); the Transformer fields (n_heads, d_ff,
 # positional, activation, kernel) do not apply to them (lmforge.models: the ``recurrent`` capability)
 RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq", "elmo")
@@ -35,6 +35,9 @@ KERNELS = ("math", "sdpa")
 # ALBERT's cross-layer parameter sharing (Lan et al. 2020, section 3.1; models.encoder): every layer one set of
 # weights ("all"), only the attention or only the feed-forward sublayers shared, or none (BERT)
 LAYER_SHARINGS = ("none", "all", "attention", "ffn")
+# XLNet's attention (models.xlnet): "bi" (every position may see every other; permutation masks decide) or "uni"
+# (causal, Transformer-XL)
+XLNET_ATTN_TYPES = ("bi", "uni")
 
 # training (TrainConfig): lmforge.training.optim, the Trainer's autocast
 # slanted_triangular: ULMFiT's STLR (Howard & Ruder 2018, eq. 3)

@@ -42,6 +42,7 @@ from lmforge.choices import (
     TASKS,
     TOKEN_ENCODERS,
     WORD_POOLINGS,
+    XLNET_ATTN_TYPES,
 )
 from lmforge.errors import InputFileError, LmforgeError
 
@@ -138,6 +139,14 @@ class ModelConfig:
     bptt: int = 70
     bpt3c_grad_len: int = 1440
     reverse: bool = False
+    # xlnet (XLNet, Yang et al. 2019; lmforge.models.xlnet): attn_type "bi" (permutation masks decide who sees whom)
+    # or "uni" (causal, Transformer-XL); mem_len: the states each layer keeps as memory for the next segment (None:
+    # all of them); clamp_len: relative distances beyond it use its encoding (None: no clamping); same_length ("uni"
+    # only): every query sees the same number of keys
+    attn_type: str = "bi"
+    mem_len: int | None = None
+    clamp_len: int | None = None
+    same_length: bool = False
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -193,6 +202,7 @@ class ModelConfig:
         problems += self._rnn_attention_problems()
         problems += self._bilm_problems()
         problems += self._awd_lstm_problems()
+        problems += self._xlnet_problems()
         if recurrent and self.bidirectional and self.d_model % 2:
             problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
                             "even d_model")
@@ -258,6 +268,33 @@ class ModelConfig:
         if self.reverse and self.arch != "awd_lstm":
             problems.append(f"reverse=true (a backward language model) applies to arch='awd_lstm' only, not "
                             f"arch={self.arch!r}; unset reverse")
+        return problems
+
+    def _xlnet_problems(self) -> list[str]:
+        """XLNet's options: their values, and XLNet only (checked for every family: their defaults are valid)."""
+        problems = []
+        if self.attn_type not in XLNET_ATTN_TYPES:
+            problems.append(f"attn_type={self.attn_type!r} is not one of {', '.join(XLNET_ATTN_TYPES)}")
+        limit = MAX_SIZE["max_seq_len"]
+        for name, what in (("mem_len", "None keeps every state"), ("clamp_len", "None: no clamping")):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 1 <= value <= limit):
+                problems.append(f"{name}={value!r} must be an integer in [1, {limit:,}] or None ({what})")
+        if self.same_length and self.attn_type != "uni":
+            problems.append("same_length=true shapes the causal mask of attn_type='uni'; with attn_type="
+                            f"{self.attn_type!r} it would do nothing: unset it")
+        if self.arch == "xlnet":
+            if isinstance(self.d_model, int) and self.d_model % 2:
+                problems.append(f"XLNet's relative position encodings pair sines and cosines: d_model={self.d_model} "
+                                "must be even")
+        else:
+            changed = [f"{name}={getattr(self, name)!r}" for name, default in
+                       (("attn_type", "bi"), ("mem_len", None), ("clamp_len", None), ("same_length", False))
+                       if getattr(self, name) != default]
+            if changed:
+                problems.append(f"{', '.join(changed)} apply to arch='xlnet' only, not arch={self.arch!r}; remove "
+                                "them")
         return problems
 
     def _rnn_attention_problems(self) -> list[str]:
@@ -348,6 +385,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "elmo-small": dict(arch="bilm", n_layers=2, d_model=128, d_cell=256, dropout=0.1, rnn_cell="lstm",
                        type_vocab_size=0, max_seq_len=1024, token_encoder="chars", d_char=16, n_highway=1,
                        max_chars_per_token=20, char_filters=[[1, 16], [2, 32], [3, 64], [4, 64], [5, 80]]),
+    # XLNet (Yang et al. 2019; the released xlnet-*-cased configs: 32k SentencePiece vocabulary, d_inner 4 D, GELU,
+    # dropout 0.1, attn_type "bi", no clamping); xlnet-tiny trains on a laptop
+    "xlnet-tiny": dict(arch="xlnet", n_layers=4, d_model=128, n_heads=4, d_ff=512, vocab_size=32000,
+                       max_seq_len=512, pad_token_id=5),
+    "xlnet-base": dict(arch="xlnet", n_layers=12, d_model=768, n_heads=12, d_ff=3072, vocab_size=32000,
+                       max_seq_len=512, pad_token_id=5),
+    "xlnet-large": dict(arch="xlnet", n_layers=24, d_model=1024, n_heads=16, d_ff=4096, vocab_size=32000,
+                        max_seq_len=512, pad_token_id=5),
 }
 
 

@@ -105,10 +105,11 @@ def run_embed(args: argparse.Namespace) -> int:
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="DIR",
-                     help="a Hugging Face BERT, ALBERT, DistilBERT or GPT-2 folder (safetensors) to import")
+                     help="a Hugging Face BERT, ALBERT, DistilBERT, GPT-2 or XLNet folder (safetensors) to import")
     src.add_argument("--to-hf", metavar="DIR",
                      help="an lmforge model folder to export: an encoder as BERT, ALBERT (embedding_size or "
-                          "share_layers set) or DistilBERT (type_vocab_size=0, no pooler); a GPT decoder as GPT-2")
+                          "share_layers set) or DistilBERT (type_vocab_size=0, no pooler); a GPT decoder as GPT-2; an "
+                          "XLNet as XLNetLMHeadModel")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--overwrite", action="store_true")
 
@@ -142,7 +143,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def export_to_hf(loaded) -> tuple[dict, dict]:
-    """Hugging Face config dict and state dict of a loaded lmforge model (BERT-family encoder or GPT decoder).
+    """Hugging Face config dict and state dict of a loaded lmforge model (BERT-family encoder, GPT decoder, XLNet).
 
     The family's ``hf_export`` names the layout; the branches below are about those concrete layouts (each has its
     own converter in ``lmforge.interop``), not about lmforge's families. The encoder family's "bert" layout is
@@ -159,6 +160,13 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
         from lmforge.interop import hf_gpt2
 
         return hf_gpt2.config_to_hf(config), hf_gpt2.state_dict_to_hf(state, config)
+    if layout == "xlnet":
+        from lmforge.interop import hf_xlnet
+
+        if loaded.head is not None:
+            raise LmforgeError(f"exporting a {loaded.head.get('type')!r} head of an XLNet to Hugging Face is not "
+                               "supported; export the backbone (written as XLNetLMHeadModel, with its LM bias)")
+        return hf_xlnet.config_to_hf(config), hf_xlnet.state_dict_to_hf(state)
     exportable = ", ".join(f"{name} as {architecture(name).hf_export}" for name in architectures_with("hf_export"))
     raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are: "
                        f"{exportable})")

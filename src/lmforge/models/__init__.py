@@ -1,7 +1,7 @@
 """One readable file per model family: ``Encoder`` (BERT), ``Decoder`` (GPT), ``EncoderDecoder`` (Transformer),
 ``RNNEncoder`` (BiRNN + attention pooling), ``RNNSeq2Seq`` (attentional RNN encoder-decoder) and ``BiLM`` /
 ``ELMoEncoder`` (ELMo's biLM, and its frozen scalar mix under a task BiLSTM), ``AWDLSTM`` (the AWD-LSTM language model,
-ULMFiT's encoder).
+ULMFiT's encoder), ``XLNet`` (the permutation language model on Transformer-XL).
 
 Imports are lazy so that importing one family never imports the others, and importing this package imports no
 PyTorch at all (the command line lists and checks families before any model code is needed).
@@ -29,6 +29,8 @@ _WHERE = {
     "RNNSeq2Seq": "lmforge.models.rnn_seq2seq",
     "AWDLSTM": "lmforge.models.awd_lstm",
     "BiLM": "lmforge.models.elmo",
+    "XLNet": "lmforge.models.xlnet",
+    "XLNetOutput": "lmforge.models.xlnet",
     "ELMoEncoder": "lmforge.models.elmo",
     "save_pretrained": "lmforge.models.pretrained",
     "load_pretrained": "lmforge.models.pretrained",
@@ -136,6 +138,9 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
                  "AWD-LSTM language model (weight-dropped LSTM) and ULMFiT document encoder",
                  presets="awd-lstm*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
                  concat_pooling=True),
+    Architecture("xlnet", "lmforge.models.xlnet", "XLNet",
+                 "XLNet permutation language model (relative positions, memory, two-stream attention)",
+                 presets="xlnet-*", returns_attention=True, uses_init_std=True, hf_export="xlnet"),
 )}
 
 

@@ -8,8 +8,8 @@ Layout of a saved folder::
     vocab.txt, tokenizer_config.json   when a tokenizer was given
 
 A ``TaskModel`` (backbone + head) stores keys ``backbone.*`` and ``head.*``; ``load_backbone`` takes the backbone
-out of such a folder. A Hugging Face BERT, ALBERT, DistilBERT or GPT-2 folder (``config.json`` with ``model_type``)
-loads too: it is converted on the fly by ``lmforge.interop``.
+out of such a folder. A Hugging Face BERT, ALBERT, DistilBERT, GPT-2 or XLNet folder (``config.json`` with
+``model_type``) loads too: it is converted on the fly by ``lmforge.interop``.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
     path = directory / CONFIG_NAME
     if not path.is_file():
         raise InputFileError(f"{directory}: no {CONFIG_NAME}; is this a model folder (saved by lmforge or a "
-                             "Hugging Face BERT/ALBERT/DistilBERT/GPT-2 checkpoint)?")
+                             "Hugging Face BERT/ALBERT/DistilBERT/GPT-2/XLNet checkpoint)?")
     raw = _read_json(path)
     if not isinstance(raw, dict):
         raise InputFileError(f"{path}: not a JSON object (it holds a {type(raw).__name__}); a model config is an "
@@ -404,8 +404,8 @@ def _hf_model_type(raw: dict[str, Any]) -> str | None:
 
 
 def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
-    """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / ALBERT / DistilBERT / GPT-2
-    folder.
+    """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / ALBERT / DistilBERT / GPT-2 /
+    XLNet folder.
 
     ``config.json`` is checked completely, then against the shapes in the weights' header (on the meta device),
     before the model is built: a hand-edited folder fails at once with one line, whatever sizes it claims.
@@ -424,7 +424,7 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if raw.get("format") != "lmforge" or "model" not in raw:
         raise InputFileError(f"{config_path}: not an lmforge model config (no \"format\": "
-                             "\"lmforge\") and not a Hugging Face BERT/ALBERT/DistilBERT/GPT-2 config")
+                             "\"lmforge\") and not a Hugging Face BERT/ALBERT/DistilBERT/GPT-2/XLNet config")
     with _blaming(config_path):
         config = from_dict(ModelConfig, raw["model"], where="model")
     head = raw.get("head") if with_head else None
@@ -453,14 +453,15 @@ def load_backbone(directory: str | Path) -> Loaded:
 # Entries of Hugging Face checkpoints that copy another one (the tied decoder / LM head): the conversion compares
 # them by value, which meta tensors do not have, so the shape check leaves them out (the real load checks them).
 _HF_COPIES = {"bert": ("cls.predictions.decoder.weight",), "albert": ("predictions.decoder.weight",),
-              "distilbert": ("vocab_projector.weight",), "gpt2": ("lm_head.weight",)}
+              "distilbert": ("vocab_projector.weight",), "gpt2": ("lm_head.weight",), "xlnet": ("lm_loss.weight",)}
 
 
 def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool) -> Loaded:
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if hf_type not in _HF_COPIES:
         raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT, ALBERT, "
-                             "DistilBERT and GPT-2 layouts (model_type 'bert', 'albert', 'distilbert' or 'gpt2')")
+                             "DistilBERT, GPT-2 and XLNet layouts (model_type 'bert', 'albert', 'distilbert', 'gpt2' "
+                             "or 'xlnet')")
     _check_weights_file(weights)  # first: a folder of pickle weights needs converting whatever its config says
     with _blaming(config_path):
         config = _hf_config(hf_type, raw)
@@ -480,7 +481,8 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
     model = build_model(config, head)
     fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
     if fresh:
-        # Bert/AlbertForMaskedLM checkpoints have no pooler and no NSP/SOP classifier: those start fresh.
+        # Bert/AlbertForMaskedLM checkpoints have no pooler and no NSP/SOP classifier, XLNetModel no LM bias: those
+        # start fresh.
         log.warning("%s has no weights for %s; they keep their random initialisation", directory, ", ".join(fresh))
     load_state(model, state, _tied_aliases(model), str(weights), allow_missing=optional)
     model.eval()
@@ -488,9 +490,10 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
 
 
 def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:
-    from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_gpt2
+    from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_gpt2, hf_xlnet
 
-    converters = {"bert": hf_bert, "albert": hf_albert, "distilbert": hf_distilbert, "gpt2": hf_gpt2}
+    converters = {"bert": hf_bert, "albert": hf_albert, "distilbert": hf_distilbert, "gpt2": hf_gpt2,
+                  "xlnet": hf_xlnet}
     return converters[hf_type].config_from_hf(raw)
 
 
@@ -501,6 +504,10 @@ def _from_hf(hf_type: str, tensors: dict[str, torch.Tensor], with_head: bool, co
         from lmforge.interop import hf_gpt2
 
         return hf_gpt2.state_dict_from_hf(tensors), None, ()
+    if hf_type == "xlnet":  # XLNetModel has no LM bias: ours then starts at zero
+        from lmforge.interop import hf_xlnet
+
+        return hf_xlnet.state_dict_from_hf(tensors), None, ("lm_head.",)
     if hf_type == "distilbert":  # no pooler, MLM heads only: nothing may be missing
         from lmforge.interop import hf_distilbert
 

@@ -220,6 +220,24 @@ def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[At
                          _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
 
 
+def _xlnet(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
+    config = model.config
+    ids = _pieces(tokenizer, text, "text")
+    segments = [0] * len(ids)
+    if pair is not None:
+        second = _pieces(tokenizer, pair, "pair text")
+        ids = [*ids, tokenizer.sep_id, *second]
+        segments += [0] + [1] * len(second)
+    ids = _cut(ids, _limit(config, max_length), "input")
+    segments = segments[:len(ids)]
+    keep_layers = resolve_indices(layers, config.n_layers, "layer")
+    keep_heads = resolve_indices(heads, config.n_heads, "head")
+    out = model(torch.tensor([ids]), token_type_ids=torch.tensor([segments]), output_attentions=True)
+    tokens = _tokens(tokenizer, ids)
+    return [AttentionMap(f"XLNet content-stream self-attention ({config.attn_type})", tokens, tokens, keep_layers,
+                         keep_heads, _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
+
+
 def _source_target(model, tokenizer, text, pair, max_length) -> tuple[list[int], list[int]]:
     if pair is None:
         raise LmforgeError("an encoder-decoder needs the target text too: pass it as the pair (--pair TEXT); the "
@@ -294,4 +312,5 @@ def _rnn_encoder(model, tokenizer, text, pair, layers, heads, max_length) -> lis
 # The collectors read each family's own modules (``decoder_layers``, ``src_embed``, the pooling weights...), so this
 # table is keyed on the concrete family; which families qualify is the registry's ``returns_attention``.
 _COLLECTORS = {"encoder": _encoder, "decoder": _decoder, "seq2seq": _encoder_decoder, "rnn": _rnn_encoder,
-               "rnn_seq2seq": _rnn_seq2seq, "elmo": _rnn_encoder}  # ELMo's task BiLSTM pools like the RNN encoder
+               "rnn_seq2seq": _rnn_seq2seq, "elmo": _rnn_encoder,  # ELMo's task BiLSTM pools like the RNN encoder
+               "xlnet": _xlnet}

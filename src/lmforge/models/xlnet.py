@@ -1,0 +1,337 @@
+"""XLNet: a permutation language model with Transformer-XL's relative positions and memory (Yang et al. 2019).
+
+Shape legend: B batch, T current segment length, M memory length (0 without ``mems``), K = M + T key length,
+N predicted positions (query stream, from ``target_mapping``), L layers, H heads, Dh head dim, D model dim, V vocab.
+
+The forward pass, top to bottom:
+    h = Dropout(WordEmbedding(ids))                                        (B, T, D)  content stream
+    g = Dropout(mask_emb)  expanded to one vector per prediction           (B, N, D)  query stream (target_mapping)
+    R = Dropout(sinusoids of the relative distances M + i - j)             (R, D)
+    for l = 1..L:
+        h, g = RelativeAttention_l(h, g; keys and values [SG(mem_l); h])   two streams, one set of weights
+        h, g = FeedForward_l(h), FeedForward_l(g)                          Linear, act, drop, Linear, drop, +res, LN
+    last_hidden_state = Dropout(h), query_state = Dropout(g)
+    logits = state W_E^T + b    (XLNetLMHead, tied: ``lm_logits``)         (B, N or T, V)
+
+Masks. ``attention_mask`` (B, T): 1 = real token, 0 = padding. ``perm_mask`` (B, T, T) bool in the convention of
+``lmforge.data.permutation``: ``perm_mask[b, i, j]`` True = position i may NOT see position j, the QUERY stream's
+mask (its diagonal is True for every predicted position). From them the model builds, as XLNet does:
+    blocked(i, j) = causal(i, j) ["uni" only] or padding(j) or perm_mask(i, j)   over the K keys (memory: never)
+    query stream:   may attend j where not blocked(i, j)
+    content stream: the same, and always its own position M + i (the diagonal is cleared)
+Without any of the three (``attn_type="bi"``, no padding, no perm_mask) every position sees every key.
+
+Segments. ``token_type_ids`` (B, T) any integers: only equality matters (relative segment encodings); memory
+positions count as segment 0.
+
+Memory. With ``use_mems=True`` the output carries, per layer, the last ``config.mem_len`` inputs of that layer
+(the memory given, then this segment's; all of them when ``mem_len`` is None), detached: pass them as ``mems`` with
+the next segment. No gradient ever flows into a memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.config import ModelConfig
+from lmforge.errors import LmforgeError
+from lmforge.nn.feedforward import ACTIVATIONS
+from lmforge.nn.init import normal_init
+from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.relative import RelativeMultiHeadAttention, relative_positions_encoding
+
+__all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLayer", "XLNetOutput"]
+
+
+class XLNetOutput(NamedTuple):
+    """What ``XLNet.forward`` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D) the content stream after the last layer (and the output dropout).
+        query_state: (B, N, D) the query stream after the last layer, with a ``target_mapping``; else None.
+        mems: with ``use_mems``, L tensors (B, M', D): the new memory of each layer (its input states), detached;
+            else None.
+        hidden_states: with ``output_hidden_states``, L + 1 content-stream tensors (B, T, D): the embeddings (after
+            dropout), then each layer's output (the last one is ``last_hidden_state`` before the output dropout).
+        attentions: with ``output_attentions``, L content-stream weights (B, H, T, K) (the query stream's are not
+            returned).
+    """
+
+    last_hidden_state: Tensor
+    query_state: Tensor | None = None
+    mems: tuple[Tensor, ...] | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+
+
+class XLNetFeedForward(nn.Module):
+    """XLNet's position-wise feed-forward with its residual and LayerNorm:
+    ``LayerNorm(x + Dropout(layer_2(Dropout(act(layer_1(x))))))``.
+
+    Parameter names as XLNet's (``layer_1``, ``layer_2``, ``layer_norm``).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", dropout: float = 0.0,
+                 layer_norm_eps: float = 1e-12) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.layer_1 = nn.Linear(d_model, d_ff)
+        self.layer_2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.dropout(self.activation(self.layer_1(x)))
+        return self.layer_norm(x + self.dropout(self.layer_2(y)))
+
+
+class XLNetLayer(nn.Module):
+    """One XLNet layer: two-stream relative attention (``rel_attn``), then the feed-forward (``ff``) applied to
+    each stream with the same weights."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        assert config.d_ff is not None
+        self.rel_attn = RelativeMultiHeadAttention(
+            config.d_model, config.n_heads, dropout=config.dropout, attn_dropout=config.attention_dropout,
+            segments=True, layer_norm_eps=config.layer_norm_eps)
+        self.ff = XLNetFeedForward(config.d_model, config.d_ff, activation=config.activation,
+                                   dropout=config.dropout, layer_norm_eps=config.layer_norm_eps)
+
+    def forward(self, h: Tensor, g: Tensor | None, r: Tensor, *, mems: Tensor | None, allowed_h: Tensor | None,
+                allowed_g: Tensor | None, seg_mat: Tensor | None, target_mapping: Tensor | None,
+                need_weights: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        out = self.rel_attn(h, r, mems=mems, attn_mask=allowed_h, seg_mat=seg_mat, g=g, attn_mask_g=allowed_g,
+                            target_mapping=target_mapping, need_weights=need_weights)
+        g_out = None if out.output_g is None else self.ff(out.output_g)
+        return self.ff(out.output_h), g_out, out.weights_h
+
+
+class XLNetLMHead(nn.Module):
+    """XLNet's LM head (``lm_loss``): the word embedding transposed (tied) plus a per-token bias."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: Tensor, weight: Tensor) -> Tensor:
+        """(..., D) states, the (V, D) word embedding -> (..., V) scores."""
+        return F.linear(hidden, weight, self.bias)
+
+
+class XLNet(nn.Module):
+    """XLNet: Yang et al. 2019, "XLNet: Generalized Autoregressive Pretraining for Language Understanding", on
+    Transformer-XL (Dai et al. 2019): relative positions, segment-level memory, two-stream attention.
+
+    ``config.attn_type``: "bi" (XLNet: which positions see which is decided by ``perm_mask``) or "uni" (causal, as
+    Transformer-XL; ``same_length`` gives every query the same number of keys). ``config.clamp_len`` clamps the
+    relative distances; ``config.mem_len`` is the memory kept per layer. One dropout rate acts on the embeddings,
+    the relative encodings, the residual branches and the output (``config.dropout``); ``attention_dropout`` on the
+    attention weights (XLNet uses one rate for both).
+
+    Initialisation as XLNet: every weight (embedding, linear, relative-attention tensors and biases, ``mask_emb``)
+    N(0, init_std), linear biases and the LM bias 0, LayerNorms (1, 0).
+
+    State-dict keys (XLNet's names, so that a Hugging Face checkpoint converts by renaming only):
+    ``word_embedding.weight``, ``mask_emb`` (1, 1, D), ``layers.{l}.rel_attn.{q,k,v,o,r}`` (D, H, Dh),
+    ``layers.{l}.rel_attn.{r_w_bias,r_r_bias,r_s_bias}`` (H, Dh), ``layers.{l}.rel_attn.seg_embed`` (2, H, Dh),
+    ``layers.{l}.rel_attn.layer_norm.*``, ``layers.{l}.ff.{layer_1,layer_2,layer_norm}.*``, ``lm_head.bias`` (V,).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: a ``ModelConfig`` with ``arch="xlnet"`` (e.g. the ``xlnet-tiny`` .. ``xlnet-large`` presets).
+        """
+        super().__init__()
+        if config.arch != "xlnet":
+            raise LmforgeError(f"XLNet needs a config with arch='xlnet'; got arch={config.arch!r}")
+        self.config = config
+        D = config.d_model
+        self.word_embedding = nn.Embedding(config.vocab_size, D)
+        self.mask_emb = nn.Parameter(torch.empty(1, 1, D))  # the query stream's input: the trainable vector w
+        self.layers = nn.ModuleList(XLNetLayer(config) for _ in range(config.n_layers))
+        self.dropout = nn.Dropout(config.dropout)
+        self.lm_head = XLNetLMHead(config.vocab_size)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """XLNet's initialisation (see the class docstring)."""
+        std = self.config.init_std
+        for module in self.modules():
+            normal_init(module, std)
+            if isinstance(module, RelativeMultiHeadAttention):
+                for p in module.parameters(recurse=False):
+                    nn.init.normal_(p, std=std)
+        nn.init.normal_(self.mask_emb, std=std)
+        nn.init.zeros_(self.lm_head.bias)
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """Vocabulary scores of states of either stream (XLNet's ``lm_loss``, tied to the word embedding).
+
+        Args:
+            hidden: (..., D), e.g. ``query_state`` (B, N, D) or ``last_hidden_state`` (B, T, D).
+
+        Returns:
+            (..., V).
+        """
+        return self.lm_head(hidden, self.word_embedding.weight)
+
+    # ----------------------------------------------------------------------------------------------------------
+
+    def _check_mems(self, mems: Sequence[Tensor] | None, B: int) -> int:
+        if mems is None:
+            return 0
+        L, D = len(self.layers), self.config.d_model
+        if not isinstance(mems, list | tuple) or len(mems) != L or not all(isinstance(m, Tensor) for m in mems):
+            raise LmforgeError(f"mems must be a list of {L} tensors (one per layer, as returned in XLNetOutput.mems "
+                               f"with use_mems=True); got {type(mems).__name__}"
+                               + (f" of {len(mems)}" if isinstance(mems, list | tuple) else ""))
+        M = mems[0].shape[1] if mems[0].dim() == 3 else -1
+        for i, m in enumerate(mems):
+            if m.dim() != 3 or m.shape[0] != B or m.shape[1] != M or m.shape[2] != D or not m.is_floating_point():
+                raise LmforgeError(f"mems[{i}] must be a float (batch={B}, memory length, d_model={D}) tensor with "
+                                   f"the same memory length in every layer; got shape {tuple(m.shape)}, dtype "
+                                   f"{m.dtype}")
+        return M
+
+    def _masks(self, B: int, T: int, M: int, attention_mask: Tensor | None, perm_mask: Tensor | None,
+               device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+        """(content, query) bool masks (B | 1, T, K), True = may attend; (None, None) when nothing is masked."""
+        K = M + T
+        blocked = None
+        if self.config.attn_type == "uni":
+            blocked = torch.ones(T, K, dtype=torch.bool, device=device).triu(M + 1)  # keys after the query
+            if self.config.same_length:  # also the oldest keys, so every query sees the same number of keys
+                blocked[:, :T] |= torch.ones(T, T, dtype=torch.bool, device=device).tril(-1)
+            blocked = blocked[None]  # (1, T, K)
+        data = None
+        if attention_mask is not None:
+            padding = ~key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) True = padding
+            data = padding[:, None, :].expand(B, T, T)
+        if perm_mask is not None:
+            if not isinstance(perm_mask, Tensor) or perm_mask.dim() != 3 or tuple(perm_mask.shape) != (B, T, T) \
+                    or perm_mask.is_complex():
+                got = tuple(perm_mask.shape) if isinstance(perm_mask, Tensor) else type(perm_mask).__name__
+                raise LmforgeError(f"perm_mask must be (batch={B}, length={T}, length={T}) with True = position i may "
+                                   f"NOT see position j (the query stream's mask); got {got}")
+            if perm_mask.dtype != torch.bool:
+                if bool(((perm_mask != 0) & (perm_mask != 1)).any()):
+                    raise LmforgeError("perm_mask must be bool, or 0/1 values (1 = may not see); it holds values "
+                                       "other than 0 and 1")
+                perm_mask = perm_mask != 0
+            data = perm_mask if data is None else data | perm_mask
+        if data is not None:
+            if M:  # the memory is always visible
+                data = torch.cat((data.new_zeros(B, T, M), data), dim=2)
+            blocked = data if blocked is None else blocked | data
+        if blocked is None:
+            return None, None
+        allowed_g = ~blocked  # (B|1, T, K)
+        own = torch.zeros(T, K, dtype=torch.bool, device=device)
+        own[torch.arange(T, device=device), M + torch.arange(T, device=device)] = True
+        return allowed_g | own, allowed_g
+
+    def _segments(self, token_type_ids: Tensor | None, B: int, T: int, M: int) -> Tensor | None:
+        if token_type_ids is None:
+            return None
+        if not isinstance(token_type_ids, Tensor) or tuple(token_type_ids.shape) != (B, T) \
+                or token_type_ids.is_floating_point() or token_type_ids.is_complex():
+            got = (f"shape {tuple(token_type_ids.shape)}, dtype {token_type_ids.dtype}"
+                   if isinstance(token_type_ids, Tensor) else type(token_type_ids).__name__)
+            raise LmforgeError(f"token_type_ids must be an integer (batch={B}, length={T}) tensor of segment ids; "
+                               f"got {got}")
+        keys = torch.cat((token_type_ids.new_zeros(B, M), token_type_ids), dim=1)  # memory: segment 0
+        return token_type_ids[:, :, None] != keys[:, None, :]  # (B, T, K) True = different segments
+
+    def _cache(self, h: Tensor, mem: Tensor | None) -> Tensor:
+        new = h if mem is None else torch.cat((mem, h), dim=1)
+        if self.config.mem_len is not None:
+            new = new[:, -self.config.mem_len:]
+        return new.detach()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        mems: Sequence[Tensor] | None = None,
+        perm_mask: Tensor | None = None,
+        target_mapping: Tensor | None = None,
+        use_mems: bool = False,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> XLNetOutput:
+        """Run one segment, attending to the memory too.
+
+        Args:
+            input_ids: (B, T) token ids in [0, V).
+            attention_mask: (B, T) 1 = real token, 0 = padding (padding keys are hidden from every query; a padded
+                query still sees itself in the content stream).
+            token_type_ids: (B, T) integer segment ids (only equality matters; memory positions are segment 0).
+            mems: L tensors (B, M, D), the ``mems`` of the previous segment's output (detached here anyway).
+            perm_mask: (B, T, T) bool, True = position i may NOT see position j: the query stream's mask of
+                ``lmforge.data.permutation`` (the content stream's is derived by letting each position see itself).
+            target_mapping: (B, N, T) float, row n one-hot at the position of the n-th prediction: runs the query
+                stream (N queries starting from ``mask_emb``).
+            use_mems: return the new memory (``XLNetOutput.mems``).
+            output_hidden_states: return the content stream's input to every layer and the last output.
+            output_attentions: return the content stream's attention weights of every layer.
+
+        Returns:
+            XLNetOutput(last_hidden_state (B, T, D), query_state (B, N, D) or None, mems, hidden_states,
+            attentions).
+        """
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        need_weights = check_flag(output_attentions, "output_attentions")
+        M = self._check_mems(mems, B)
+        K = M + T
+        device = input_ids.device
+        allowed_h, allowed_g = self._masks(B, T, M, attention_mask, perm_mask, device)
+        seg_mat = self._segments(token_type_ids, B, T, M)
+
+        h = self.dropout(self.word_embedding(input_ids))  # (B, T, D)
+        g = None
+        if target_mapping is None:
+            allowed_g = None  # no query stream: the content stream's mask is all that is used
+        if target_mapping is not None:
+            if not isinstance(target_mapping, Tensor) or target_mapping.dim() != 3 \
+                    or target_mapping.shape[0] != B or target_mapping.shape[2] != T \
+                    or not target_mapping.is_floating_point():
+                got = (f"shape {tuple(target_mapping.shape)}, dtype {target_mapping.dtype}"
+                       if isinstance(target_mapping, Tensor) else type(target_mapping).__name__)
+                raise LmforgeError(f"target_mapping must be a float (batch={B}, predictions, length={T}) tensor, row n "
+                                   f"one-hot at the n-th predicted position; got {got}")
+            g = self.dropout(self.mask_emb.expand(B, target_mapping.shape[1], -1))  # (B, N, D)
+        r = relative_positions_encoding(T, K, self.config.d_model, bidirectional=self.config.attn_type == "bi",
+                                        clamp_len=self.config.clamp_len, dtype=h.dtype, device=device)
+        r = self.dropout(r)  # (R, D)
+
+        new_mems: list[Tensor] | None = [] if use_mems else None
+        hidden_states: list[Tensor] | None = [] if output_hidden_states else None
+        attentions: list[Tensor] | None = [] if need_weights else None
+        for i, layer in enumerate(self.layers):
+            mem = None if mems is None else mems[i]
+            if new_mems is not None:
+                new_mems.append(self._cache(h, mem))
+            if hidden_states is not None:
+                hidden_states.append(h)
+            h, g, weights = layer(h, g, r, mems=mem, allowed_h=allowed_h, allowed_g=allowed_g, seg_mat=seg_mat,
+                                  target_mapping=target_mapping, need_weights=need_weights)
+            if attentions is not None:
+                attentions.append(weights)
+        if hidden_states is not None:
+            hidden_states.append(h)
+        return XLNetOutput(self.dropout(h), None if g is None else self.dropout(g),
+                           None if new_mems is None else tuple(new_mems),
+                           None if hidden_states is None else tuple(hidden_states),
+                           None if attentions is None else tuple(attentions))
