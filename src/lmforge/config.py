@@ -654,6 +654,11 @@ class DataConfig:
     # their and fastai's values are 2 and 1. 0 = off (the default: the committed ULMFiT runs trained without them).
     ar_alpha: float = 0.0
     tar_beta: float = 0.0
+    # objective plm (XLNet, lmforge.data.permutation): about 1/partial_k of the tokens are predicted, in spans of up
+    # to plm_max_span words; num_predict is the number of prediction rows per sequence (None: ceil(seq_len / partial_k))
+    partial_k: float = 6.0
+    plm_max_span: int = 5
+    num_predict: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -681,8 +686,24 @@ class DataConfig:
                 (self.max_predictions is not None and self.max_predictions < 1) or \
                 self.dupe_factor < 1:
             problems.append("max_span_len, max_ngram, max_predictions and dupe_factor must be >= 1")
+        problems += self._plm_problems()
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
+
+    def _plm_problems(self) -> list[str]:
+        """The PLM options (objective plm); checked for every objective (their defaults are valid)."""
+        problems = []
+        if not 1.0 <= self.partial_k <= self.seq_len:  # also refuses NaN
+            problems.append(f"partial_k={self.partial_k} must be in [1, seq_len={self.seq_len}]: about 1/partial_k of "
+                            "the tokens are predicted (XLNet 6; 1 predicts every token)")
+        if isinstance(self.plm_max_span, bool) or not isinstance(self.plm_max_span, int) or self.plm_max_span < 1:
+            problems.append(f"plm_max_span={self.plm_max_span!r} must be an integer >= 1 (XLNet 5)")
+        if self.num_predict is not None and (isinstance(self.num_predict, bool) or not isinstance(self.num_predict, int)
+                                             or not 1 <= self.num_predict <= self.seq_len):
+            problems.append(f"num_predict={self.num_predict!r} must be an integer in [1, seq_len={self.seq_len}] (the "
+                            "prediction rows per sequence cannot outnumber its tokens), or unset for "
+                            "ceil(seq_len / partial_k)")
+        return problems
 
 
 SCHEMES = ("auto", *TAG_SCHEMES)  # auto: detected from the training tags

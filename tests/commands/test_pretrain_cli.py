@@ -61,6 +61,25 @@ def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, c
         assert texts[0] == texts[1] and texts[0]["prompt"] == "the company said"
 
 
+def test_xlnet_plm_run(prepared, tmp_path, capsys):
+    """XLNet's permutation LM end to end: a loadable run that logs plm_accuracy, with the tokenizer's [PAD] id."""
+    out = tmp_path / "run"
+    code = main(["pretrain", "--preset", "xlnet-tiny", "--objective", "plm", "--data", str(prepared / "data"),
+                 "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "32", *TINY])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(0.0 <= r["plm_accuracy"] <= 1.0 and r["predicted_tokens"] > 0 for r in train)
+    assert any("eval_plm_accuracy" in r for r in records)
+    loaded = load_pretrained(out)
+    assert loaded.config.arch == "xlnet" and loaded.config.n_layers == 1
+    assert loaded.config.vocab_size == loaded.tokenizer.vocab_size
+    assert loaded.config.pad_token_id == loaded.tokenizer.pad_id == 0  # not the preset's SentencePiece id 5
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert run_config["data"]["objective"] == "plm" and run_config["data"]["partial_k"] == 6
+
+
 def test_config_file_flags_and_overrides(prepared, tmp_path, capsys):
     recipe = tmp_path / "r.toml"
     recipe.write_text('preset = "bert-tiny"\n[data]\nobjective = "mlm"\nseq_len = 32\n'
@@ -81,6 +100,11 @@ def test_config_file_flags_and_overrides(prepared, tmp_path, capsys):
     (["--preset", "bert-tiny", "--objective", "clm"], "use a gpt-* preset"),
     (["--preset", "bert-tiny", "--train.learning_rate=1"], "unknown key(s) 'learning_rate'"),
     (["--preset", "bert-tiny", "--seq-len", "64"], "exceeds the model's max_seq_len=32"),
+    (["--preset", "bert-tiny", "--objective", "plm", "--seq-len", "32"], "use a xlnet-* preset"),
+    (["--preset", "xlnet-tiny", "--objective", "plm", "--seq-len", "32", "--data.partial_k=0"],
+     "partial_k=0.0 must be in [1, seq_len=32]"),
+    (["--preset", "xlnet-tiny", "--objective", "plm", "--seq-len", "32", "--data.num_predict=33"],
+     "num_predict=33 must be an integer in [1, seq_len=32]"),
 ])
 def test_bad_pretraining_options(prepared, tmp_path, capsys, extra, message):
     code = main(["pretrain", "--data", str(prepared / "data"), "--out", str(tmp_path / "run"),

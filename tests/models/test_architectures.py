@@ -90,8 +90,8 @@ def test_architectures_with_lists_the_qualifying_families_in_registry_order():
     for capability in CAPABILITIES:
         found = architectures_with(capability)
         assert found == [n for n in NAMES if getattr(architecture(n), capability)]
-    assert architectures_with("generates") == ["decoder", "seq2seq", "rnn_seq2seq", "bilm", "awd_lstm"]
-    assert architectures_with("encodes_text") == ["encoder", "rnn", "bilm", "elmo", "awd_lstm"]
+    assert architectures_with("generates") == ["decoder", "seq2seq", "rnn_seq2seq", "bilm", "awd_lstm", "xlnet"]
+    assert architectures_with("encodes_text") == ["encoder", "rnn", "bilm", "elmo", "awd_lstm", "xlnet"]
     for not_a_capability in ("name", "presets", "flies"):
         with pytest.raises(LmforgeError, match=f"unknown architecture capability '{not_a_capability}'; choose one "
                                                "of encodes_text"):

@@ -1,4 +1,5 @@
-"""``lmforge pretrain``: BERT (MLM + NSP), RoBERTa (MLM), SpanBERT (MLM + SBO) and GPT (causal LM) pretraining.
+"""``lmforge pretrain``: BERT (MLM + NSP), RoBERTa (MLM), SpanBERT (MLM + SBO), GPT (causal LM), XLNet (permutation
+LM) and the other objectives of ``lmforge.objectives.registry``.
 
 The run is described by a ``PretrainRun``: a TOML file (``--config``), then the plain flags, then dotted
 overrides (``--train.lr=3e-4``), in that order of precedence. Distributed runs need nothing more than
@@ -30,10 +31,12 @@ FLAGS = {"preset": "preset", "objective": "data.objective", "data": "data.path",
 
 def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Any setting can also be given as --section.key=value, e.g. --train.warmup_ratio=0.1 "
-                "--model.dropout=0.0 --data.mask_prob=0.2 (TOML values; strings may be bare).")
+                "--model.dropout=0.0 --data.mask_prob=0.2 (TOML values; strings may be bare). Objective plm "
+                "(XLNet): --data.partial_k (6: about 1/K of the tokens are predicted), --data.plm_max_span (5 words), "
+                "--data.num_predict (prediction rows per sequence; default ceil(seq_len / partial_k)).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/*.toml)")
     p.add_argument("--preset", help="model size: bert-tiny ... bert-large, gpt-nano ... gpt2-small, elmo-small, "
-                                         "elmo-original")
+                                         "elmo-original, xlnet-tiny ... xlnet-large (objective plm)")
     p.add_argument("--objective", choices=list(OBJECTIVES),
                    help="; ".join(f"{name}: {o.description}" for name, o in OBJECTIVES.items()))
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")

@@ -113,8 +113,9 @@ def _check_seq_len(seq_len: int, minimum: int) -> None:
 # How pretraining examples are cut from a corpus (``lmforge.data.pretraining``): segment pairs with NSP labels
 # (BERT), packed full sentences (RoBERTa), single contiguous segments (SpanBERT), causal blocks (GPT); "stream":
 # consecutive BPTT windows of one contiguous stream for a stateful LSTM LM (``lmforge.data.lm_stream``, AWD-LSTM);
-# "sop": segment pairs of one document, in order or swapped (ALBERT's sentence-order prediction).
-PLANS = ("nsp", "packed", "segments", "causal", "stream", "sop")
+# "sop": segment pairs of one document, in order or swapped (ALBERT's sentence-order prediction); "plm": RoBERTa's
+# packed full sentences made into permutation-LM examples (XLNet, ``lmforge.data.permutation``).
+PLANS = ("nsp", "packed", "segments", "causal", "stream", "sop", "plm")
 # the plans that make segment pairs with a binary label (``Instance.nsp_label``; batches carry ``nsp_labels``)
 PAIR_PLANS = ("nsp", "sop")
 

@@ -1,6 +1,7 @@
 """The pretraining data the Trainer consumes: instances from a prepared corpus, masked, in micro-batches.
 
-Batch format (a dict of int64 torch tensors; B = micro-batch size, T = the longest sequence in the batch):
+Batch format (a dict of torch tensors, int64 unless said otherwise; B = micro-batch size, T = the longest sequence in
+the batch):
 
 * masked-LM plans (``"nsp"``, ``"sop"``, ``"packed"``, ``"segments"``):
     - ``input_ids`` (B, T): corrupted ids, padded with the tokenizer's [PAD] id (0 for BERT vocabularies);
@@ -14,6 +15,17 @@ Batch format (a dict of int64 torch tensors; B = micro-batch size, T = the longe
     - ``sbo_offset`` (B, T): span masking only; 0-based position of the token inside its span (0 elsewhere).
 * plan ``"causal"``: ``input_ids`` (B, T), ``labels`` (B, T) = the next tokens (-100 at padding; blocks are
   full length so there is none), ``attention_mask`` (B, T).
+* plan ``"plm"`` (XLNet's permutation LM, ``lmforge.data.permutation``; N = the most prediction rows of an example
+  in the batch, ``DataConfig.num_predict`` or ``ceil(seq_len / partial_k)`` when the sequences are full length):
+    - ``input_ids`` (B, T): the text unchanged (XLNet does not corrupt its input), padded with [PAD];
+    - ``attention_mask`` (B, T) and ``token_type_ids`` (B, T) (all 0): as the masked-LM plans;
+    - ``perm_mask`` (B, T, T) bool, True = position i may NOT see position j: the QUERY stream's mask (what
+      ``XLNet(perm_mask=...)`` takes; the model lets the content stream see itself). Padding: every padded column
+      is True (nobody sees padding, on top of ``attention_mask``) and every padded row is all True (a padded
+      position sees nothing but itself in the content stream, and is never a target, so its states are never read);
+    - ``target_mapping`` (B, N, T) float32, one-hot rows at the predicted positions in increasing position order,
+      zero rows after them; ``target_mask`` (B, N) bool, True on the real rows; ``labels`` (B, N) int64, the
+      predicted token ids, -100 on the padding rows.
 
 Plans (``PLANS``: how examples are cut from the corpus; each pretraining objective names its plan and masking in
 ``lmforge.objectives.registry``, so this module knows no objective by name):
@@ -24,12 +36,19 @@ Plans (``PLANS``: how examples are cut from the corpus; each pretraining objecti
 * ``"segments"`` — SpanBERT: single contiguous segments of one document (the paper's single-sequence training).
 * ``"causal"`` — GPT causal blocks of ``seq_len`` inputs (``seq_len + 1`` tokens with the shifted labels); no
   masking.
+* ``"plm"`` — XLNet: RoBERTa's ``"packed"`` instances (full sentences packed up to ``seq_len`` across documents,
+  ``[CLS] ... [SEP] ... [SEP]``, so nearly every sequence is full length, as XLNet's own stream of text cut into
+  blocks; no NSP, which XLNet dropped), each made into a permutation-LM example by ``plm_example``: spans of up to
+  ``plm_max_span`` whole words, about ``1 / partial_k`` of the tokens, at most ``num_predict``; [CLS], [SEP] and
+  the other special tokens are context, never targets. Its draws (targets, then the order) come from the masks'
+  generator, so they are resumed exactly as the masks are.
 
 Determinism without carried RNG state. Every random draw comes from a generator made from a key:
 
 * the example order of epoch ``e``: ``default_rng([seed, e, 1, 0]).permutation(n)``;
 * the segment pairs of document ``d`` in epoch ``e`` (NSP, SOP): ``default_rng([seed, e, 2, d])``;
-* the masks of example ``i`` (its index in the epoch's plan, before shuffling): ``default_rng([seed, e, 3, i])``.
+* the masks of example ``i`` (its index in the epoch's plan, before shuffling): ``default_rng([seed, e, 3, i])``
+  (plan ``"plm"``: its prediction targets and factorisation order).
 
 (The constant third element keeps the three streams apart; keys all have four elements because NumPy's
 SeedSequence treats ``[a, b]`` and ``[a, b, 0]`` as the same seed.) So a position — (epoch, number of examples
@@ -83,14 +102,17 @@ from lmforge.data.instances import (
     plan_sop_document,
 )
 from lmforge.data.masking import IGNORE_INDEX, continuation_mask, mask_tokens
+from lmforge.data.permutation import default_num_predict, plm_example
 from lmforge.data.shards import ShardedCorpus
 from lmforge.errors import LmforgeError
 
-__all__ = ["EVAL_SEED", "SPLIT_SEED", "PretrainingData", "collate_causal", "collate_masked", "split_documents"]
+__all__ = ["EVAL_SEED", "SPLIT_SEED", "PretrainingData", "collate_causal", "collate_masked", "collate_plm",
+           "split_documents"]
 
 SPLIT_SEED = 0
 EVAL_SEED = 20190524  # any constant: evaluation must not depend on the training seed
 _ORDER, _INSTANCES, _MASKS = 1, 2, 3
+_UNMASKED_PLANS = ("causal", "plm")  # plans whose examples take no masking strategy
 
 log = logging.getLogger("lmforge")
 _warned_caps: set[tuple[int, int, float]] = set()  # (cap, seq_len, mask_prob) already warned about in this process
@@ -163,6 +185,31 @@ def collate_masked(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str,
     return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
+def collate_plm(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad permutation-LM examples (``plm_example``'s arrays) into the ``"plm"`` batch format of the module docstring:
+    T = the longest sequence, N = the most prediction rows."""
+    B = len(examples)
+    T = max(len(e["input_ids"]) for e in examples)
+    N = max(len(e["labels"]) for e in examples)
+    input_ids = np.full((B, T), pad_id, dtype=np.int64)
+    attention = np.zeros((B, T), dtype=np.int64)
+    perm_mask = np.ones((B, T, T), dtype=bool)  # padded rows and columns: see nothing, seen by nobody
+    target_mapping = np.zeros((B, N, T), dtype=np.float32)
+    target_mask = np.zeros((B, N), dtype=bool)
+    labels = np.full((B, N), IGNORE_INDEX, dtype=np.int64)
+    for b, e in enumerate(examples):
+        n, rows = len(e["input_ids"]), len(e["labels"])
+        input_ids[b, :n] = e["input_ids"]
+        attention[b, :n] = 1
+        perm_mask[b, :n, :n] = e["query_perm_mask"]
+        target_mapping[b, :rows, :n] = e["target_mapping"]
+        target_mask[b, :rows] = e["target_mask"]
+        labels[b, :rows] = e["labels"]
+    batch = {"input_ids": input_ids, "attention_mask": attention, "token_type_ids": np.zeros((B, T), dtype=np.int64),
+             "perm_mask": perm_mask, "target_mapping": target_mapping, "target_mask": target_mask, "labels": labels}
+    return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+
 def collate_causal(blocks: Sequence[np.ndarray], pad_id: int) -> dict[str, torch.Tensor]:
     """Blocks of ``L + 1`` tokens -> ``input_ids`` = block[:-1], ``labels`` = block[1:], padded if needed."""
     B = len(blocks)
@@ -182,14 +229,15 @@ def collate_causal(blocks: Sequence[np.ndarray], pad_id: int) -> dict[str, torch
 class PretrainingData:
     """Micro-batches of pretraining examples with exact resumption and per-rank sharding.
 
-    BERT (Devlin et al., 2019), RoBERTa (Liu et al., 2019), SpanBERT (Joshi et al., 2020) and GPT inputs from a
-    ``ShardedCorpus``; see the module docstring for the batch format, the epochs and the determinism.
+    BERT (Devlin et al., 2019), RoBERTa (Liu et al., 2019), SpanBERT (Joshi et al., 2020), GPT and XLNet (Yang et
+    al., 2019) inputs from a ``ShardedCorpus``; see the module docstring for the batch format, the epochs and the
+    determinism.
 
     Args:
         corpus: a ``ShardedCorpus``, the path of a prepared folder, or ``None`` for ``data_config.path``.
         data_config: lengths, masking options, static/dynamic, eval fraction.
         plan: how examples are cut (``PLANS``).
-        masking: the masking strategy of the masked-LM plans (``None`` for ``"causal"``).
+        masking: the masking strategy of the masked-LM plans (``None`` for ``"causal"`` and ``"plm"``).
         tokenizer: the ``WordPieceTokenizer`` the corpus was prepared with (checked by hash).
         split: ``"train"`` or ``"eval"``.
         seed: the training seed (>= 0); the eval split ignores it (constant ``EVAL_SEED``).
@@ -222,14 +270,17 @@ class PretrainingData:
             corpus = ShardedCorpus(corpus, tokenizer)
         self.corpus, self.config, self.tokenizer = corpus, data_config, tokenizer
         self.split, self.seed, self.rank, self.world_size = split, int(seed), rank, world_size
-        self.plan, self.masking = plan, (None if plan == "causal" else masking)
+        self.plan, self.masking = plan, (None if plan in _UNMASKED_PLANS else masking)
         # the prediction budget follows the length unless the run caps it (BERT: 20 at 128 tokens, 76-80 at 512)
         self.max_predictions = (data_config.max_predictions if data_config.max_predictions is not None
                                 else max(1, round(data_config.mask_prob * data_config.seq_len)))
-        if self.masking is None and plan != "causal":
+        if self.masking is None and plan not in _UNMASKED_PLANS:
             raise LmforgeError(f"plan {plan!r} makes masked-LM examples: give a masking strategy")
         if self.masking is not None and rank == 0:
             _warn_low_cap(self.max_predictions, data_config.seq_len, data_config.mask_prob)
+        # plan "plm": the prediction rows of a full-length sequence (DataConfig validated them against seq_len)
+        self.num_predict = (data_config.num_predict if data_config.num_predict is not None
+                            else default_num_predict(data_config.seq_len, data_config.partial_k))
         nsp = plan == "nsp"  # random next segments need other documents; SOP's pairs never leave their document
         n_docs = corpus.num_documents
         train_docs, eval_docs = split_documents(n_docs, data_config.eval_fraction,
@@ -256,7 +307,7 @@ class PretrainingData:
         self._tokens_of = corpus.document_tokens
         # plans that depend on the corpus only
         T = data_config.seq_len
-        if plan == "packed":
+        if plan in ("packed", "plm"):
             self._fixed = plan_packed(self.documents, corpus.sentence_offsets, T)
         elif plan == "segments":
             self._fixed = plan_segments(self.documents, corpus.sentence_offsets, T)
@@ -332,6 +383,8 @@ class PretrainingData:
         rng = np.random.default_rng([self._key_seed, mask_epoch, _MASKS, i])
         ids = inst.input_ids
         cfg = self.config
+        if self.plan == "plm":
+            return self._plm_example(ids, rng)
         word_starts = None if self.masking == "token" else ~self._continuation[ids]
         m = mask_tokens(ids, special_mask=self._is_special[ids], vocab_size=len(self._is_special),
                         non_special_ids=self._non_special, mask_id=self.tokenizer.mask_id, rng=rng,
@@ -345,9 +398,25 @@ class PretrainingData:
             example["nsp_label"] = inst.nsp_label
         return example
 
+    def _plm_example(self, ids: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """XLNet's permutation-LM example of one packed sequence: whole-word spans (the original code's intent),
+        ``min(num_predict, len(ids))`` prediction rows (a short last sequence gets fewer; the batch pads them)."""
+        cfg = self.config
+        special = self._is_special[ids]
+        rows = min(self.num_predict, len(ids))
+        if not (~special).any():  # e.g. "[CLS] [UNK] [SEP]": nothing to predict, every position is context
+            T = len(ids)
+            return {"input_ids": ids, "query_perm_mask": np.eye(T, dtype=bool),
+                    "target_mapping": np.zeros((rows, T), dtype=np.float32), "target_mask": np.zeros(rows, dtype=bool),
+                    "labels": np.full(rows, IGNORE_INDEX, dtype=np.int64)}
+        return plm_example(ids, rng=rng, special_mask=special, partial_k=cfg.partial_k, max_span=cfg.plm_max_span,
+                           num_predict=rows, word_starts=~self._continuation[ids])
+
     def _collate(self, examples: list[Any]) -> dict[str, torch.Tensor]:
         if self.plan == "causal":
             return collate_causal(examples, self.tokenizer.pad_id)
+        if self.plan == "plm":
+            return collate_plm(examples, self.tokenizer.pad_id)
         return collate_masked(examples, self.tokenizer.pad_id)
 
     def _order(self, epoch: int, n: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from lmforge.generation.adapters import (
     GenerationAdapter,
     ModelAdapter,
     RecurrentAdapter,
+    XLNetAdapter,
     adapter_for,
 )
 from lmforge.generation.config import GenerationConfig, GenerationOutput, length_penalty
@@ -35,5 +36,6 @@ from lmforge.generation.search import beam_search, generate, greedy_or_sample
 __all__ = [
     "DecoderAdapter", "EncoderDecoderAdapter", "GenerationAdapter", "GenerationConfig", "GenerationOutput",
     "ModelAdapter", "NoRepeatNGram", "RecurrentAdapter", "RepetitionPenalty", "Temperature", "TopK", "TopP",
-    "adapter_for", "beam_search", "build_processors", "build_warpers", "generate", "greedy_or_sample", "length_penalty",
+    "XLNetAdapter", "adapter_for", "beam_search", "build_processors", "build_warpers", "generate", "greedy_or_sample",
+    "length_penalty",
 ]

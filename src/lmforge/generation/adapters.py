@@ -28,6 +28,13 @@ the defaults of ``prepare`` and ``context``). ``adapter_for`` picks one for a mo
     BiLM            ELMo's biLM: its forward (left-to-right) LM alone (``BiLM.forward_lm``), exactly as AWDLSTM;
                     the backward LM does not run. (A fine-tuned ``ELMoEncoder`` does not generate: use the biLM
                     folder it was fine-tuned from.)
+    XLNet           the prompt is continued in XLNet's natural factorisation order (``XLNet.forward_lm``; each token
+                    sees the tokens before it, whatever attn_type): a dummy token after the context, hidden by
+                    ``perm_mask``, is predicted by the query stream through ``target_mapping`` (XLNet's generation
+                    trick). Prompts are re-packed to left padding. With the cache the prompt is read once and each
+                    step reads one token (and the dummy) against the memory (``mems``, whose padding ``mems_mask``
+                    hides); without, the whole sequence again at every step; both give the same tokens. No length
+                    limit.
     RNNSeq2Seq, or any model with ``encode(src_ids, src_mask) -> state``, ``decode_step(prev_ids, state) ->
                     (logits, state)`` and ``reorder_state(state, index) -> state``: the recurrent state is the
                     cache, so ``use_cache`` changes nothing.
@@ -45,7 +52,7 @@ from torch import Tensor, nn
 from lmforge.errors import LmforgeError
 
 __all__ = ["DecoderAdapter", "EncoderDecoderAdapter", "GenerationAdapter", "ModelAdapter", "RecurrentAdapter",
-           "RecurrentLMAdapter", "adapter_for"]
+           "RecurrentLMAdapter", "XLNetAdapter", "adapter_for"]
 
 
 @runtime_checkable
@@ -345,6 +352,77 @@ class RecurrentLMAdapter(ModelAdapter):
         return self.model.reorder_state(state, index)
 
 
+# ------------------------------------------------------------------------------------------------------ XLNet
+@dataclass
+class _XLNetState:
+    mems: tuple[Tensor, ...] | None  # L x (B, S, D), with the cache
+    mems_mask: Tensor | None  # (B, S) of the memory, None = no padding (with the cache)
+    ids: Tensor | None  # (B, S) the whole sequence so far, without the cache
+    mask: Tensor | None  # (B, S), without the cache (None = no padding)
+
+
+class XLNetAdapter(ModelAdapter):
+    """An ``XLNet``: the prompt is continued, left to right (see the module docstring and ``XLNet.forward_lm``).
+
+    Any padding layout is accepted and re-packed to left padding, so that every row's next token sits in the same
+    column; padding is hidden from every query (in the memory through ``mems_mask``), and relative positions ignore
+    it, so a padded row generates what it would alone. The memory keeps the whole context: each step costs one
+    token's pass against it (and the same result as reading the whole sequence again, ``use_cache=False``).
+    """
+
+    input_name = "prompt"
+
+    def __init__(self, model: nn.Module, use_cache: bool = True, stream: str = "query") -> None:
+        """``stream``: "query" (XLNet's prediction through a dummy token) or "content" (the last content state
+        predicts the next token, a Transformer-XL LM); see ``XLNet.forward_lm``."""
+        if stream not in ("query", "content"):
+            raise LmforgeError(f"stream must be 'query' or 'content'; got {stream!r}")
+        self.model = model
+        self.use_cache = use_cache
+        self.stream = stream
+
+    def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
+        check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
+        input_ids, attention_mask = left_pad(input_ids, attention_mask)
+        return input_ids, attention_mask, max_new_tokens
+
+    def context(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return input_ids, attention_mask
+
+    def start(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, _XLNetState]:
+        mask = None if bool(attention_mask.all()) else attention_mask
+        out = self.model.forward_lm(input_ids, attention_mask=mask, stream=self.stream)
+        logits = self.model.lm_logits(out.last_hidden_state[:, -1])  # (B, V)
+        if self.use_cache:
+            return logits, _XLNetState(out.mems, mask, None, None)
+        return logits, _XLNetState(None, None, input_ids, mask)
+
+    def step(self, state: _XLNetState, next_ids: Tensor) -> tuple[Tensor, _XLNetState]:
+        if state.mems is None:  # without the cache: the whole sequence again
+            assert state.ids is not None
+            state.ids = torch.cat((state.ids, next_ids[:, None]), dim=1)
+            if state.mask is not None:
+                state.mask = torch.cat((state.mask, state.mask.new_ones((state.mask.shape[0], 1))), dim=1)
+            out = self.model.forward_lm(state.ids, attention_mask=state.mask, stream=self.stream)
+        else:
+            out = self.model.forward_lm(next_ids[:, None], mems=state.mems, mems_mask=state.mems_mask,
+                                        stream=self.stream)
+            state.mems = out.mems
+            if state.mems_mask is not None:
+                ones = state.mems_mask.new_ones((state.mems_mask.shape[0], 1))
+                state.mems_mask = torch.cat((state.mems_mask, ones), dim=1)
+        return self.model.lm_logits(out.last_hidden_state[:, -1]), state
+
+    def reorder(self, state: _XLNetState, index: Tensor) -> _XLNetState:
+        if state.mems is not None:
+            state.mems = tuple(m.index_select(0, index) for m in state.mems)
+        for name in ("mems_mask", "ids", "mask"):
+            value = getattr(state, name)
+            if value is not None:
+                setattr(state, name, value.index_select(0, index))
+        return state
+
+
 # --------------------------------------------------------------------------------------------------- choice
 def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None) -> GenerationAdapter:
     """The adapter for ``model`` (see the module docstring); an object that is already an adapter is returned.
@@ -358,9 +436,12 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
     from lmforge.models.decoder import Decoder
     from lmforge.models.elmo import BiLM, ELMoEncoder
     from lmforge.models.seq2seq import EncoderDecoder
+    from lmforge.models.xlnet import XLNet
 
     if isinstance(model, Decoder):
         return DecoderAdapter(model, use_cache)
+    if isinstance(model, XLNet):
+        return XLNetAdapter(model, use_cache)
     if isinstance(model, AWDLSTM):
         return RecurrentLMAdapter(model)
     if isinstance(model, BiLM):
@@ -378,5 +459,5 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
                                "cls_id)")
         return EncoderDecoderAdapter(model, bos_id, use_cache) if encoder_decoder else RecurrentAdapter(model, bos_id)
     raise LmforgeError(f"cannot generate with a {type(model).__name__}: generation needs a Decoder (GPT), an "
-                       "AWDLSTM, ELMo's BiLM (its forward LM), an EncoderDecoder, an RNNSeq2Seq "
+                       "XLNet, an AWDLSTM, ELMo's BiLM (its forward LM), an EncoderDecoder, an RNNSeq2Seq "
                        "(encode/decode_step/reorder_state), or an adapter with start/step/reorder")

@@ -138,9 +138,13 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
                  "AWD-LSTM language model (weight-dropped LSTM) and ULMFiT document encoder",
                  presets="awd-lstm*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
                  concat_pooling=True),
+    # XLNet: fine-tuned through its last real token's state (pooled_output, XLNet's "last" summary); generates left
+    # to right with its memory (XLNet.forward_lm: attn_type "uni" as Transformer-XL, "bi" through a dummy token
+    # predicted by the query stream); relative positions, so no length limit.
     Architecture("xlnet", "lmforge.models.xlnet", "XLNet",
                  "XLNet permutation language model (relative positions, memory, two-stream attention)",
-                 presets="xlnet-*", returns_attention=True, uses_init_std=True, hf_export="xlnet"),
+                 presets="xlnet-*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
+                 returns_attention=True, uses_init_std=True, hf_export="xlnet"),
 )}
 
 

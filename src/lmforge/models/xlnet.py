@@ -26,7 +26,17 @@ positions count as segment 0.
 
 Memory. With ``use_mems=True`` the output carries, per layer, the last ``config.mem_len`` inputs of that layer
 (the memory given, then this segment's; all of them when ``mem_len`` is None), detached: pass them as ``mems`` with
-the next segment. No gradient ever flows into a memory.
+the next segment. No gradient ever flows into a memory. ``mems_mask`` (B, M) hides padding positions of the memory
+(batched generation with left-padded prompts); without it the whole memory is visible, as in XLNet.
+
+Fine-tuning. ``pooled_output`` (B, D) is the content state at each row's last real token (XLNet's "last" sequence
+summary; lmforge's tokenizer pads on the right, so "last" is read from ``attention_mask``), with no projection: the
+sequence head's dropout + linear sits on it. (Hugging Face's XLNetForSequenceClassification puts a summary
+projection + tanh in its head; that head is not converted.)
+
+Generation. ``forward_lm`` runs the model left to right in the natural factorisation order and returns the states
+that predict each next token plus a memory that grows with every token (see its docstring: XLNet's dummy-token
+trick through ``perm_mask`` and ``target_mapping``, with a causal context so that the memory is exact).
 """
 
 from __future__ import annotations
@@ -46,28 +56,50 @@ from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.relative import RelativeMultiHeadAttention, relative_positions_encoding
 
-__all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLayer", "XLNetOutput"]
+__all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLMOutput", "XLNetLayer", "XLNetOutput"]
 
 
 class XLNetOutput(NamedTuple):
-    """What ``XLNet.forward`` returns.
+    """What ``XLNet.forward`` returns. Its first four fields are ``EncoderOutput``'s, so fine-tuning heads, the
+    server's ``/embed`` and the attention views read it as they read a BERT encoder's output.
 
     Attributes:
         last_hidden_state: (B, T, D) the content stream after the last layer (and the output dropout).
-        query_state: (B, N, D) the query stream after the last layer, with a ``target_mapping``; else None.
-        mems: with ``use_mems``, L tensors (B, M', D): the new memory of each layer (its input states), detached;
-            else None.
+        pooled_output: (B, D) the sequence summary: ``last_hidden_state`` at each row's LAST real token (the last
+            position whose ``attention_mask`` is 1; position T - 1 without a mask), what the sequence and pair
+            heads read. XLNet summarises a text by its last token (Hugging Face's ``summary_type="last"``); XLNet's
+            own tokenizer ends a text with [SEP] [CLS], lmforge's puts [CLS] first and pads on the right, so the
+            last real token (here [SEP]) is the one that, with ``attn_type="uni"`` too, has read the whole text.
+            No projection: the state itself (as an encoder with ``pooler=False``), see ``XLNet``.
         hidden_states: with ``output_hidden_states``, L + 1 content-stream tensors (B, T, D): the embeddings (after
             dropout), then each layer's output (the last one is ``last_hidden_state`` before the output dropout).
         attentions: with ``output_attentions``, L content-stream weights (B, H, T, K) (the query stream's are not
             returned).
+        query_state: (B, N, D) the query stream after the last layer, with a ``target_mapping``; else None.
+        mems: with ``use_mems``, L tensors (B, M', D): the new memory of each layer (its input states), detached;
+            else None.
     """
 
     last_hidden_state: Tensor
-    query_state: Tensor | None = None
-    mems: tuple[Tensor, ...] | None = None
+    pooled_output: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor, ...] | None = None
+    query_state: Tensor | None = None
+    mems: tuple[Tensor, ...] | None = None
+
+
+class XLNetLMOutput(NamedTuple):
+    """What ``XLNet.forward_lm`` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D) row t is the state that predicts token t + 1 from tokens 0..t (and the
+            memory): ``lm_logits`` of it are next-token scores.
+        mems: L tensors (B, M + T, D), detached: the memory given, then the content-stream inputs of each layer at
+            the T tokens; pass them (and ``mems_mask``) with the next tokens.
+    """
+
+    last_hidden_state: Tensor
+    mems: tuple[Tensor, ...]
 
 
 class XLNetFeedForward(nn.Module):
@@ -204,7 +236,7 @@ class XLNet(nn.Module):
         return M
 
     def _masks(self, B: int, T: int, M: int, attention_mask: Tensor | None, perm_mask: Tensor | None,
-               device: torch.device) -> tuple[Tensor | None, Tensor | None]:
+               mems_mask: Tensor | None, device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """(content, query) bool masks (B | 1, T, K), True = may attend; (None, None) when nothing is masked."""
         K = M + T
         blocked = None
@@ -229,9 +261,17 @@ class XLNet(nn.Module):
                                        "other than 0 and 1")
                 perm_mask = perm_mask != 0
             data = perm_mask if data is None else data | perm_mask
-        if data is not None:
-            if M:  # the memory is always visible
-                data = torch.cat((data.new_zeros(B, T, M), data), dim=2)
+        memory = None  # (B, T, M) True = a padding position of the memory
+        if mems_mask is not None:
+            if not M:
+                raise LmforgeError("mems_mask marks the padding of the memory: pass it with mems")
+            real = key_padding_mask(mems_mask, batch=B, length=M, name="mems_mask", length_label=f"memory length={M}")
+            memory = (~real)[:, None, :].expand(B, T, M)
+        if data is not None or memory is not None:
+            if data is None:
+                data = torch.zeros(B, T, T, dtype=torch.bool, device=device)
+            if M:  # the memory is visible, but for its padding (mems_mask)
+                data = torch.cat((memory if memory is not None else data.new_zeros(B, T, M), data), dim=2)
             blocked = data if blocked is None else blocked | data
         if blocked is None:
             return None, None
@@ -265,6 +305,7 @@ class XLNet(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         mems: Sequence[Tensor] | None = None,
+        mems_mask: Tensor | None = None,
         perm_mask: Tensor | None = None,
         target_mapping: Tensor | None = None,
         use_mems: bool = False,
@@ -279,6 +320,8 @@ class XLNet(nn.Module):
                 query still sees itself in the content stream).
             token_type_ids: (B, T) integer segment ids (only equality matters; memory positions are segment 0).
             mems: L tensors (B, M, D), the ``mems`` of the previous segment's output (detached here anyway).
+            mems_mask: (B, M) 1 = real token, 0 = padding, for the memory positions (padding keys of the memory
+                are hidden from every query; without it the whole memory is visible, as in XLNet).
             perm_mask: (B, T, T) bool, True = position i may NOT see position j: the query stream's mask of
                 ``lmforge.data.permutation`` (the content stream's is derived by letting each position see itself).
             target_mapping: (B, N, T) float, row n one-hot at the position of the n-th prediction: runs the query
@@ -288,15 +331,15 @@ class XLNet(nn.Module):
             output_attentions: return the content stream's attention weights of every layer.
 
         Returns:
-            XLNetOutput(last_hidden_state (B, T, D), query_state (B, N, D) or None, mems, hidden_states,
-            attentions).
+            XLNetOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions,
+            query_state (B, N, D) or None, mems).
         """
         B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
         need_weights = check_flag(output_attentions, "output_attentions")
         M = self._check_mems(mems, B)
         K = M + T
         device = input_ids.device
-        allowed_h, allowed_g = self._masks(B, T, M, attention_mask, perm_mask, device)
+        allowed_h, allowed_g = self._masks(B, T, M, attention_mask, perm_mask, mems_mask, device)
         seg_mat = self._segments(token_type_ids, B, T, M)
 
         h = self.dropout(self.word_embedding(input_ids))  # (B, T, D)
@@ -331,7 +374,75 @@ class XLNet(nn.Module):
                 attentions.append(weights)
         if hidden_states is not None:
             hidden_states.append(h)
-        return XLNetOutput(self.dropout(h), None if g is None else self.dropout(g),
-                           None if new_mems is None else tuple(new_mems),
-                           None if hidden_states is None else tuple(hidden_states),
-                           None if attentions is None else tuple(attentions))
+        h = self.dropout(h)
+        if attention_mask is None:
+            last = torch.full((B,), T - 1, device=device)
+        else:  # each row's last real position (0 for a row without any)
+            real = key_padding_mask(attention_mask, batch=B, length=T)
+            last = torch.where(real, torch.arange(T, device=device), -1).amax(dim=1).clamp(min=0)
+        pooled = h[torch.arange(B, device=device), last]  # (B, D)
+        return XLNetOutput(h, pooled,
+                           hidden_states=None if hidden_states is None else tuple(hidden_states),
+                           attentions=None if attentions is None else tuple(attentions),
+                           query_state=None if g is None else self.dropout(g),
+                           mems=None if new_mems is None else tuple(new_mems))
+
+    def forward_lm(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
+                   mems: Sequence[Tensor] | None = None, mems_mask: Tensor | None = None,
+                   stream: str = "query") -> XLNetLMOutput:
+        """XLNet as a left-to-right language model (what generation runs): the states that predict each next token,
+        and the memory to continue from.
+
+        The natural factorisation order (XLNet's identity permutation): token t sees the memory and tokens 0..t
+        (with ``attn_type="uni"`` that is the model's own causal mask; with "bi" a ``perm_mask`` makes it so).
+
+        ``stream="query"`` (default) is XLNet's trick for generation (Hugging Face's
+        ``XLNetLMHeadModel.prepare_inputs_for_generation``), for either ``attn_type``: one dummy token is put after
+        the T tokens, ``perm_mask`` hides it from every position, and ``target_mapping`` runs the query stream at
+        positions 1..T, so the query at t + 1 sees the content of 0..t but not its own token: how the permutation LM
+        objective predicts a token (``lmforge.objectives.plm``; with the identity order it is exactly this). The
+        dummy's id is never seen. ``stream="content"``: the content state at t predicts token t + 1 (a
+        Transformer-XL language model; only meaningful for a model trained that way).
+
+        Unlike Hugging Face, which lets the prompt's tokens see each other both ways and recomputes the last two
+        tokens every step (so its cached generation differs from an uncached one), the context here is causal: a
+        token's state never changes once computed, and continuing from ``mems`` gives exactly what the whole
+        sequence at once gives.
+
+        The memory keeps every token (``config.mem_len``, the memory kept while training on segments, does not
+        apply): generation conditions on the whole context.
+
+        Args:
+            input_ids: (B, T) token ids, the tokens after the memory.
+            attention_mask: (B, T) 1 = real token, 0 = padding (generation pads on the left).
+            mems: L tensors (B, M, D): the ``mems`` of a previous ``forward_lm`` call.
+            mems_mask: (B, M) 1 = real token, 0 = padding, of the memory positions.
+            stream: "query" or "content" (see above).
+
+        Returns:
+            XLNetLMOutput(last_hidden_state (B, T, D): row t predicts token t + 1 (``lm_logits``), mems (B, M + T, D)).
+        """
+        if stream not in ("query", "content"):
+            raise LmforgeError(f"stream must be 'query' (XLNet's prediction, the default) or 'content' (a "
+                               f"Transformer-XL LM); got {stream!r}")
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        device = input_ids.device
+        ids, perm_mask, target_mapping = input_ids, None, None
+        if stream == "query":
+            ids = torch.cat((input_ids, input_ids.new_full((B, 1), self.config.pad_token_id)), dim=1)  # + dummy
+            if attention_mask is not None:
+                real = key_padding_mask(attention_mask, batch=B, length=T)
+                attention_mask = torch.cat((real, real.new_ones(B, 1)), dim=1)  # (B, T + 1)
+            target_mapping = torch.zeros(B, T, T + 1, dtype=self.mask_emb.dtype, device=device)
+            target_mapping[:, torch.arange(T, device=device), torch.arange(1, T + 1, device=device)] = 1.0
+        if stream == "query" or self.config.attn_type == "bi":
+            # natural order: position i may not see itself nor any later position (the dummy, last, is seen by none)
+            n = ids.shape[1]
+            perm_mask = torch.ones(n, n, dtype=torch.bool, device=device).triu()[None].expand(B, -1, -1)
+        out = self.forward(ids, attention_mask=attention_mask, mems=mems, mems_mask=mems_mask, perm_mask=perm_mask,
+                           target_mapping=target_mapping, output_hidden_states=True)
+        states = out.last_hidden_state if out.query_state is None else out.query_state  # (B, T, D)
+        assert out.hidden_states is not None
+        new_mems = tuple((h[:, :T] if mems is None else torch.cat((mems[i], h[:, :T]), dim=1)).detach()
+                         for i, h in enumerate(out.hidden_states[:-1]))  # each layer's input, without the dummy
+        return XLNetLMOutput(states, new_mems)

@@ -2,7 +2,7 @@
 
 An entry says everything the pretraining recipe needs, so that nothing else branches on an objective's name:
 
-- ``arch``: the model family it trains (``"encoder"``, ``"decoder"``);
+- ``arch``: the model family it trains (``"encoder"``, ``"decoder"``, ``"xlnet"``, ...);
 - ``head``: the head spec put on the backbone (``None``: the backbone's own LM head), with options taken from the
   ``DataConfig`` by ``head_options``;
 - ``plan``: how examples are cut from the prepared corpus (one of ``lmforge.data.instances.PLANS``: segment pairs
@@ -125,3 +125,16 @@ def _awd_lm(data: Any) -> Callable:
 register_objective(PretrainingObjective(
     "awd_lm", "AWD-LSTM / ULMFiT (Merity et al. 2018; Howard & Ruder 2018): LSTM LM, stateful truncated BPTT",
     arch="awd_lstm", plan="stream", head=None, masking=None, loss=_awd_lm))
+
+
+def _plm(data: Any) -> Callable:
+    from lmforge.objectives.plm import PLMObjective
+
+    return PLMObjective()
+
+
+# XLNet's own LM head (head None) reads the query stream; no masking strategy: the plan "plm" draws the targets and the
+# factorisation order (data.partial_k, data.plm_max_span, data.num_predict).
+register_objective(PretrainingObjective(
+    "plm", "XLNet (Yang et al. 2019): permutation LM, span targets (1/partial_k) in a random factorisation order",
+    arch="xlnet", plan="plm", head=None, masking=None, loss=_plm))

@@ -1,4 +1,5 @@
-"""The pretraining recipe: BERT (MLM + NSP), RoBERTa (MLM), SpanBERT (MLM + SBO) and GPT (causal LM).
+"""The pretraining recipe: BERT (MLM + NSP), RoBERTa (MLM), SpanBERT (MLM + SBO), GPT (causal LM), XLNet (PLM) and
+the other objectives of ``lmforge.objectives.registry``.
 
 A run is a ``PretrainRun`` (model preset and overrides, ``DataConfig``, ``TrainConfig``); ``build_trainer`` reads the
 prepared corpus and its tokenizer, builds the model and its head, and returns the Trainer. Distributed runs need
@@ -48,9 +49,12 @@ class PretrainRun:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-def build_pretraining_model(run: PretrainRun, vocab_size: int):
+def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | None = None):
     """The model for a run: ``TaskModel(backbone, head)`` when the objective has a head (the MLM objectives), else
-    the backbone with its own LM head (GPT); returns (model, ModelConfig, head spec or None)."""
+    the backbone with its own LM head (GPT, XLNet); returns (model, ModelConfig, head spec or None).
+
+    ``pad_id``: the tokenizer's [PAD] id, the config's ``pad_token_id`` of a new model unless the run's ``model``
+    settings name one (the XLNet presets say 5, SentencePiece's id, but the data pads with the tokenizer's)."""
     import torch
 
     from lmforge.config import model_config_from_preset
@@ -61,8 +65,9 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int):
 
     objective = get_objective(run.data.objective)
     start = _start_model(run, vocab_size)
+    pad = {} if pad_id is None or "pad_token_id" in run.model else {"pad_token_id": pad_id}
     config = start.config if start is not None else \
-        model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size})
+        model_config_from_preset(run.preset, **{**pad, **run.model, "vocab_size": vocab_size})
     # An objective names the one family it trains (its head and data plan are made for it), so this compares
     # families rather than asking a capability.
     if config.arch != objective.arch:
@@ -166,7 +171,7 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": fallback})
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
-    model, config, _ = build_pretraining_model(run, tokenizer.vocab_size)  # its config and head travel with it
+    model, config, _ = build_pretraining_model(run, tokenizer.vocab_size, tokenizer.pad_id)  # config, head travel
     for split_data in (train, evaluation):  # a backward AWD-LSTM LM reads the stream right to left
         if isinstance(split_data, LMStreamData):
             split_data.reverse = bool(getattr(config, "reverse", False))

@@ -98,7 +98,7 @@ log = logging.getLogger("lmforge")
 # shortens the linear/cosine schedule (and warm-up, when given as warmup_ratio) from the resumed step on.
 RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "keep_last",
                      "tensorboard", "device")
-PERPLEXITY_TERMS = ("lm", "clm", "mlm")
+PERPLEXITY_TERMS = ("lm", "clm", "mlm", "plm")
 # a metric named ``<x>_nll`` (a per-token negative log-likelihood) is also reported as ``<x>_ppl`` = exp of it
 NLL_SUFFIX, PPL_SUFFIX = "_nll", "_ppl"
 PLOT_INTERVAL_S = 30.0
