@@ -142,11 +142,13 @@ class ModelConfig:
     # xlnet (XLNet, Yang et al. 2019; lmforge.models.xlnet): attn_type "bi" (permutation masks decide who sees whom)
     # or "uni" (causal, Transformer-XL); mem_len: the states each layer keeps as memory for the next segment (None:
     # all of them); clamp_len: relative distances beyond it use its encoding (None: no clamping); same_length ("uni"
-    # only): every query sees the same number of keys
+    # only): every query sees the same number of keys; lm_stream: the stream whose states predict the next token in
+    # generation, "query" (XLNet's PLM trains it) or "content" (Transformer-XL's causal LM, objective txl)
     attn_type: str = "bi"
     mem_len: int | None = None
     clamp_len: int | None = None
     same_length: bool = False
+    lm_stream: str = "query"
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -281,6 +283,8 @@ class ModelConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or not 1 <= value <= limit):
                 problems.append(f"{name}={value!r} must be an integer in [1, {limit:,}] or None ({what})")
+        if self.lm_stream not in ("query", "content"):
+            problems.append(f"lm_stream={self.lm_stream!r} is not one of query, content")
         if self.same_length and self.attn_type != "uni":
             problems.append("same_length=true shapes the causal mask of attn_type='uni'; with attn_type="
                             f"{self.attn_type!r} it would do nothing: unset it")
@@ -290,7 +294,8 @@ class ModelConfig:
                                 "must be even")
         else:
             changed = [f"{name}={getattr(self, name)!r}" for name, default in
-                       (("attn_type", "bi"), ("mem_len", None), ("clamp_len", None), ("same_length", False))
+                       (("attn_type", "bi"), ("mem_len", None), ("clamp_len", None), ("same_length", False),
+                        ("lm_stream", "query"))
                        if getattr(self, name) != default]
             if changed:
                 problems.append(f"{', '.join(changed)} apply to arch='xlnet' only, not arch={self.arch!r}; remove "
@@ -393,6 +398,17 @@ PRESETS: dict[str, dict[str, Any]] = {
                        max_seq_len=512, pad_token_id=5),
     "xlnet-large": dict(arch="xlnet", n_layers=24, d_model=1024, n_heads=16, d_ff=4096, vocab_size=32000,
                         max_seq_len=512, pad_token_id=5),
+    # Transformer-XL language models (Dai et al. 2019; objective txl) on the XLNet family: causal attention
+    # (attn_type "uni"), relative positions, a memory of mem_len states per layer, ReLU feed-forward as the original
+    # code, no same_length in training. transformer-xl-base has the sizes of their WikiText-103 base model (16 layers,
+    # d_model 410, 10 heads, d_inner 2100, segment and memory 150, dropout 0.1, no attention dropout) with a full tied
+    # softmax in place of the adaptive one; transformer-xl-tiny trains on a laptop
+    "transformer-xl-tiny": dict(arch="xlnet", n_layers=4, d_model=128, n_heads=4, d_ff=512, vocab_size=32000,
+                                max_seq_len=512, attn_type="uni", mem_len=64, same_length=False, activation="relu",
+                                lm_stream="content"),
+    "transformer-xl-base": dict(arch="xlnet", n_layers=16, d_model=410, n_heads=10, d_ff=2100, vocab_size=32000,
+                                max_seq_len=512, attn_type="uni", mem_len=150, same_length=False, activation="relu",
+                                dropout=0.1, attention_dropout=0.0, lm_stream="content"),
 }
 
 
@@ -659,6 +675,11 @@ class DataConfig:
     partial_k: float = 6.0
     plm_max_span: int = 5
     num_predict: int | None = None
+    # objective txl (Transformer-XL, lmforge.objectives.txl): the memory kept per layer while evaluating (None: the
+    # model's mem_len, the training one); Dai et al. 2019 evaluate with a longer memory than they train with (WT103
+    # base: 150 in training, 640 in evaluation). An option of the run's evaluation, not of the model: the saved model
+    # keeps its training mem_len, and generation keeps every token anyway.
+    eval_mem_len: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -687,6 +708,11 @@ class DataConfig:
                 self.dupe_factor < 1:
             problems.append("max_span_len, max_ngram, max_predictions and dupe_factor must be >= 1")
         problems += self._plm_problems()
+        if self.eval_mem_len is not None and (isinstance(self.eval_mem_len, bool) or not isinstance(
+                self.eval_mem_len, int) or not 1 <= self.eval_mem_len <= MAX_SIZE["max_seq_len"]):
+            problems.append(f"eval_mem_len={self.eval_mem_len!r} must be an integer in [1, "
+                            f"{MAX_SIZE['max_seq_len']:,}] (the memory kept per layer while evaluating objective txl), "
+                            "or unset for the model's mem_len")
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -125,3 +126,41 @@ def test_one_document_corpus_falls_back_to_mlm(prepared, tmp_path, caplog):
                      "--data.eval_fraction=0", *TINY])
     assert code == 0
     assert "falling back to objective 'mlm'" in caplog.text
+
+
+def test_transformer_xl_run_evaluates_with_memory_resumes_and_loads(prepared, tmp_path, capsys):
+    """Transformer-XL (objective txl): 3 steps on consecutive segments with memory, eval perplexity over several
+    segments with a longer evaluation memory, then 2 more steps resumed, and a loadable run."""
+    out = tmp_path / "run"
+    args = ["pretrain", "--preset", "transformer-xl-tiny", "--objective", "txl", "--data", str(prepared / "data"),
+            "--out", str(out), "--batch-size", "4", "--seq-len", "16", *TINY, "--model.mem_len=16",
+            "--data.variable_bptt=false", "--data.eval_mem_len=48", "--train.eval_batches=4"]
+    code = main([*args, "--max-steps", "3"])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and 0.0 <= r["lm_accuracy"] <= 1.0 for r in records if "loss" in r)
+    evals = [r for r in records if "eval_ppl_lm" in r]
+    assert evals and all(1.0 < r["eval_ppl_lm"] < float("inf") for r in evals)
+    code = main([*args, "--max-steps", "5", "--resume", "auto"])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5]
+    loaded = load_pretrained(out)
+    assert (loaded.config.arch, loaded.config.attn_type, loaded.config.mem_len) == ("xlnet", "uni", 16)
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert run_config["data"]["objective"] == "txl" and run_config["data"]["eval_mem_len"] == 48
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--model.attn_type=bi"], "needs attn_type='uni'"),
+    (["--model.mem_len=0"], "mem_len=0 must be an integer"),
+    (["--data.eval_mem_len=0"], "eval_mem_len=0 must be an integer"),
+])
+def test_bad_transformer_xl_options(prepared, tmp_path, capsys, extra, message):
+    code = main(["pretrain", "--preset", "transformer-xl-tiny", "--objective", "txl", "--data",
+                 str(prepared / "data"), "--out", str(tmp_path / "run"), "--max-steps", "1", "--batch-size", "2",
+                 "--seq-len", "16", *TINY, *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -4,14 +4,12 @@ change nothing; counts and metrics."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
 from lmforge.config import ModelConfig
 from lmforge.data.permutation import plm_example
 from lmforge.data.pretraining import collate_plm
-from lmforge.errors import LmforgeError
 from lmforge.models.xlnet import XLNet
 from lmforge.objectives.plm import PLMObjective
 from lmforge.objectives.registry import get_objective
@@ -116,14 +114,3 @@ def test_the_loss_trains_and_the_registry_entry():
     (loss / n).backward()
     assert model.mask_emb.grad is not None and model.lm_head.bias.grad.abs().sum() > 0
     assert model.word_embedding.weight.grad.abs().sum() > 0
-
-
-def test_a_distributed_model_is_refused_clearly(monkeypatch):
-    import lmforge.objectives.plm as plm
-
-    class Wrapped(torch.nn.Module):
-        pass
-
-    monkeypatch.setattr(plm, "DistributedDataParallel", Wrapped)
-    with pytest.raises(LmforgeError, match="several processes"):
-        PLMObjective()(Wrapped(), collate_plm(examples(sequences([5])), PAD))

@@ -441,7 +441,7 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
     if isinstance(model, Decoder):
         return DecoderAdapter(model, use_cache)
     if isinstance(model, XLNet):
-        return XLNetAdapter(model, use_cache)
+        return XLNetAdapter(model, use_cache, stream=getattr(model.config, "lm_stream", "query"))
     if isinstance(model, AWDLSTM):
         return RecurrentLMAdapter(model)
     if isinstance(model, BiLM):

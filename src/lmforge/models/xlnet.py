@@ -12,6 +12,7 @@ The forward pass, top to bottom:
         h, g = FeedForward_l(h), FeedForward_l(g)                          Linear, act, drop, Linear, drop, +res, LN
     last_hidden_state = Dropout(h), query_state = Dropout(g)
     logits = state W_E^T + b    (XLNetLMHead, tied: ``lm_logits``)         (B, N or T, V)
+                                (inside forward with ``return_logits``, so DistributedDataParallel sees the head)
 
 Masks. ``attention_mask`` (B, T): 1 = real token, 0 = padding. ``perm_mask`` (B, T, T) bool in the convention of
 ``lmforge.data.permutation``: ``perm_mask[b, i, j]`` True = position i may NOT see position j, the QUERY stream's
@@ -78,6 +79,8 @@ class XLNetOutput(NamedTuple):
         query_state: (B, N, D) the query stream after the last layer, with a ``target_mapping``; else None.
         mems: with ``use_mems``, L tensors (B, M', D): the new memory of each layer (its input states), detached;
             else None.
+        logits: with ``return_logits``, the LM head's vocabulary scores of the stream it names: (B, T, V) for
+            "content", (B, N, V) for "query", or (n, V) for the n rows ``logits_rows`` selects; else None.
     """
 
     last_hidden_state: Tensor
@@ -86,6 +89,7 @@ class XLNetOutput(NamedTuple):
     attentions: tuple[Tensor, ...] | None = None
     query_state: Tensor | None = None
     mems: tuple[Tensor, ...] | None = None
+    logits: Tensor | None = None
 
 
 class XLNetLMOutput(NamedTuple):
@@ -311,6 +315,8 @@ class XLNet(nn.Module):
         use_mems: bool = False,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        return_logits: str | None = None,
+        logits_rows: Tensor | None = None,
     ) -> XLNetOutput:
         """Run one segment, attending to the memory too.
 
@@ -329,13 +335,22 @@ class XLNet(nn.Module):
             use_mems: return the new memory (``XLNetOutput.mems``).
             output_hidden_states: return the content stream's input to every layer and the last output.
             output_attentions: return the content stream's attention weights of every layer.
+            return_logits: "content" or "query": also run the tied LM head (``lm_logits``) on that stream's final
+                states, inside this forward, so that an objective calls the model once as a whole (under
+                DistributedDataParallel the LM bias then takes part in the wrapped forward). "content": the
+                content state at t (with ``attn_type="uni"``, Transformer-XL's prediction of token t + 1); "query":
+                the query stream (needs ``target_mapping``; XLNet's permutation LM).
+            logits_rows: with ``return_logits``, a bool (B, T) ("content") or (B, N) ("query") mask: the scores of
+                the selected rows only, flattened in row-major order to (n, V) (the vocabulary projection then
+                runs only where something is predicted, e.g. the real prediction rows of plan "plm").
 
         Returns:
             XLNetOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions,
-            query_state (B, N, D) or None, mems).
+            query_state (B, N, D) or None, mems, logits or None).
         """
         B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
         need_weights = check_flag(output_attentions, "output_attentions")
+        self._check_logits_request(return_logits, logits_rows, target_mapping, B, T)
         M = self._check_mems(mems, B)
         K = M + T
         device = input_ids.device
@@ -381,11 +396,40 @@ class XLNet(nn.Module):
             real = key_padding_mask(attention_mask, batch=B, length=T)
             last = torch.where(real, torch.arange(T, device=device), -1).amax(dim=1).clamp(min=0)
         pooled = h[torch.arange(B, device=device), last]  # (B, D)
+        query_state = None if g is None else self.dropout(g)
+        logits = None
+        if return_logits is not None:
+            states = h if return_logits == "content" else query_state
+            assert states is not None
+            logits = self.lm_logits(states if logits_rows is None else states[logits_rows.to(torch.bool)])
         return XLNetOutput(h, pooled,
                            hidden_states=None if hidden_states is None else tuple(hidden_states),
                            attentions=None if attentions is None else tuple(attentions),
-                           query_state=None if g is None else self.dropout(g),
-                           mems=None if new_mems is None else tuple(new_mems))
+                           query_state=query_state,
+                           mems=None if new_mems is None else tuple(new_mems), logits=logits)
+
+    @staticmethod
+    def _check_logits_request(return_logits: str | None, logits_rows: Tensor | None,
+                              target_mapping: Tensor | None, B: int, T: int) -> None:
+        if return_logits not in (None, "content", "query"):
+            raise LmforgeError(f"return_logits must be None, 'content' (the content stream's states) or 'query' (the "
+                               f"query stream's, with target_mapping); got {return_logits!r}")
+        if return_logits == "query" and target_mapping is None:
+            raise LmforgeError("return_logits='query' scores the query stream, which runs only with a "
+                               "target_mapping; pass one, or ask for return_logits='content'")
+        if logits_rows is None:
+            return
+        if return_logits is None:
+            raise LmforgeError("logits_rows selects rows of the logits: pass it with return_logits")
+        rows = T if return_logits == "content" else (
+            target_mapping.shape[1] if isinstance(target_mapping, Tensor) and target_mapping.dim() == 3 else -1)
+        if not isinstance(logits_rows, Tensor) or tuple(logits_rows.shape) != (B, rows) \
+                or logits_rows.is_floating_point() or logits_rows.is_complex():
+            got = (f"shape {tuple(logits_rows.shape)}, dtype {logits_rows.dtype}" if isinstance(logits_rows, Tensor)
+                   else type(logits_rows).__name__)
+            axis = "length" if return_logits == "content" else "predictions"
+            raise LmforgeError(f"logits_rows must be a bool (batch={B}, {axis}={rows}) mask of the rows to score; "
+                               f"got {got}")
 
     def forward_lm(self, input_ids: Tensor, *, attention_mask: Tensor | None = None,
                    mems: Sequence[Tensor] | None = None, mems_mask: Tensor | None = None,

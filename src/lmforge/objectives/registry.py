@@ -10,6 +10,9 @@ An entry says everything the pretraining recipe needs, so that nothing else bran
 - ``masking``: ``"config"`` (the run's ``data.masking``), a fixed strategy (SpanBERT's ``"span"``), or ``None``;
 - ``loss``: builds the ``objective(model, batch)`` callable the Trainer runs;
 - ``fallback``: the objective used instead when the corpus is too small for this one (NSP needs two documents).
+- ``check_model``: ``check_model(model_config, data_config)`` raises ``LmforgeError`` for a model of the right family
+  that the objective still cannot train (Transformer-XL: bidirectional attention, no memory length); the recipe
+  calls it before training starts.
 
 Adding an objective = ``register_objective(PretrainingObjective(...))`` in its own file (imported by this module, or
 by the user's code before the run); ``lmforge pretrain --objective NAME`` then offers it.
@@ -37,6 +40,7 @@ class PretrainingObjective:
     masking: str | None = "config"
     head_options: Callable[[Any], dict[str, Any]] = field(default=lambda data: {})
     fallback: str | None = None
+    check_model: Callable[[Any, Any], None] | None = None
 
     def head_spec(self, data: Any) -> dict[str, Any] | None:
         """The head to put on the backbone for a run with this ``DataConfig``."""
@@ -133,8 +137,33 @@ def _plm(data: Any) -> Callable:
     return PLMObjective()
 
 
+def _check_plm(config: Any, data: Any = None) -> None:
+    if getattr(config, "lm_stream", "query") != "query":
+        raise LmforgeError("objective plm trains the query stream, so generation must read it: unset "
+                           "--model.lm_stream (or set it to query)")
+
+
 # XLNet's own LM head (head None) reads the query stream; no masking strategy: the plan "plm" draws the targets and the
 # factorisation order (data.partial_k, data.plm_max_span, data.num_predict).
 register_objective(PretrainingObjective(
     "plm", "XLNet (Yang et al. 2019): permutation LM, span targets (1/partial_k) in a random factorisation order",
-    arch="xlnet", plan="plm", head=None, masking=None, loss=_plm))
+    arch="xlnet", plan="plm", head=None, masking=None, loss=_plm, check_model=_check_plm))
+
+
+def _txl(data: Any) -> Callable:
+    from lmforge.objectives.txl import TXLObjective
+
+    return TXLObjective(eval_mem_len=data.eval_mem_len)
+
+
+def _check_txl(config: Any, data: Any) -> None:
+    from lmforge.objectives.txl import check_txl_model
+
+    check_txl_model(config, data)
+
+
+# The XLNet family with causal attention, read as the AWD-LSTM's stream (plan "stream": each row continues the previous
+# batch's row) so that the memory of a row's previous segment is the right context of its next one.
+register_objective(PretrainingObjective(
+    "txl", "Transformer-XL (Dai et al. 2019): causal LM over consecutive segments with memory", arch="xlnet",
+    plan="stream", head=None, masking=None, loss=_txl, check_model=_check_txl))

@@ -74,6 +74,8 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
         hint = architecture(objective.arch).presets if objective.arch in ARCHITECTURES else objective.arch
         raise LmforgeError(f"objective {objective.name!r} trains a {objective.arch}, but preset {run.preset!r} is a "
                            f"{config.arch}; use a {hint} preset")
+    if objective.check_model is not None:  # e.g. Transformer-XL: causal attention and a memory length
+        objective.check_model(config, run.data)
     if run.data.seq_len > config.max_seq_len:
         raise LmforgeError(f"data.seq_len={run.data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
                            "lower --seq-len or raise --model.max_seq_len")
