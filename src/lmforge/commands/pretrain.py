@@ -35,8 +35,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
                 "(XLNet): --data.partial_k (6: about 1/K of the tokens are predicted), --data.plm_max_span (5 words), "
                 "--data.num_predict (prediction rows per sequence; default ceil(seq_len / partial_k)).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/*.toml)")
-    p.add_argument("--preset", help="model size: bert-tiny ... bert-large, gpt-nano ... gpt2-small, elmo-small, "
-                                         "elmo-original, xlnet-tiny ... xlnet-large (objective plm)")
+    p.add_argument("--preset", help="model size: bert-tiny ... bert-large, albert-mini ... albert-xxlarge (objective "
+                   "mlm+sop), distilbert-base, gpt-nano ... gpt2-small, elmo-small, elmo-original, awd-lstm(-small), "
+                   "xlnet-tiny ... xlnet-large (objective plm), transformer-xl-tiny/base (objective txl)")
     p.add_argument("--objective", choices=list(OBJECTIVES),
                    help="; ".join(f"{name}: {o.description}" for name, o in OBJECTIVES.items()))
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")
