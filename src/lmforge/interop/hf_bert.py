@@ -26,7 +26,8 @@ from torch import Tensor
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
 
-__all__ = ["config_from_hf", "config_to_hf", "is_hf_bert_dir", "state_dict_from_hf", "state_dict_to_hf"]
+__all__ = ["config_from_hf", "config_to_hf", "encoder_export_problems", "is_hf_bert_dir", "state_dict_from_hf",
+           "state_dict_to_hf"]
 
 # HF hidden_act -> our activation name. "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are all the tanh
 # approximation (the first two exactly; gelu_fast rearranges the same formula).
@@ -143,15 +144,7 @@ def config_to_hf(config: ModelConfig, architecture: str = "BertForPreTraining") 
     Raises:
         LmforgeError: the config uses something HF's BERT does not have (names it).
     """
-    problems = []
-    if config.norm_first:
-        problems.append("norm_first=True (HF BERT is post-LN)")
-    if config.positional != "learned":
-        problems.append(f"positional={config.positional!r} (HF BERT has learned absolute positions)")
-    if config.activation not in _ACT_TO_HF:
-        problems.append(f"activation={config.activation!r}")
-    if not config.tie_embeddings:
-        problems.append("tie_embeddings=False")
+    problems = encoder_export_problems(config, "BERT", check_arch=False)
     if problems:
         raise LmforgeError("cannot express this model as a Hugging Face BERT: " + "; ".join(problems))
     return {
@@ -173,6 +166,24 @@ def config_to_hf(config: ModelConfig, architecture: str = "BertForPreTraining") 
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,
     }
+
+
+def encoder_export_problems(config: ModelConfig, layout: str, *, check_arch: bool = True) -> list[str]:
+    """What every Hugging Face BERT-family layout (BERT, ALBERT, DistilBERT) needs of an encoder config and
+    ``config`` lacks: an encoder, post-LN, learned absolute positions, an activation HF names, tied embeddings. Each
+    layout adds its own checks (segments, pooler, sharing) to the list."""
+    problems = []
+    if check_arch and config.arch != "encoder":
+        problems.append(f"arch={config.arch!r} ({layout} is an encoder)")
+    if config.norm_first:
+        problems.append(f"norm_first=True (HF {layout} is post-LN)")
+    if config.positional != "learned":
+        problems.append(f"positional={config.positional!r} (HF {layout} has learned absolute positions)")
+    if config.activation not in _ACT_TO_HF:
+        problems.append(f"activation={config.activation!r}")
+    if not config.tie_embeddings:
+        problems.append("tie_embeddings=False")
+    return problems
 
 
 def is_hf_bert_dir(path: str | Path) -> bool:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF
+from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF, encoder_export_problems
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
 
@@ -136,17 +136,7 @@ def config_to_hf(config: ModelConfig, architecture: str = "DistilBertForMaskedLM
     """
     if architecture not in ARCHITECTURES:
         raise LmforgeError(f"architecture={architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
-    problems = []
-    if config.arch != "encoder":
-        problems.append(f"arch={config.arch!r} (DistilBERT is an encoder)")
-    if config.norm_first:
-        problems.append("norm_first=True (HF DistilBERT is post-LN)")
-    if config.positional != "learned":
-        problems.append(f"positional={config.positional!r} (write learned positions)")
-    if config.activation not in _ACT_TO_HF:
-        problems.append(f"activation={config.activation!r}")
-    if not config.tie_embeddings:
-        problems.append("tie_embeddings=False")
+    problems = encoder_export_problems(config, "DistilBERT")
     if config.type_vocab_size != 0:
         problems.append(f"type_vocab_size={config.type_vocab_size} (DistilBERT has no segment embedding: 0)")
     if config.pooler:
