@@ -68,6 +68,21 @@ def test_resume_auto_continues_and_max_steps_may_grow(tmp_path):
     assert without_timing(a) == without_timing(b)
 
 
+def test_a_longer_schedule_on_resume_sets_the_lr_of_the_new_schedule(tmp_path):
+    # linear decay to 0 at max_steps: the checkpoint of a 2-step run holds lr 0; resumed with max_steps 4, step 3 must
+    # train at the 4-step schedule's lr for step 3, as an uninterrupted 4-step run does (not at the stale 0)
+    from lmforge.training.optim import lr_multiplier
+
+    _run(tmp_path / "part", schedule="linear", max_steps=2, warmup_ratio=0.0)
+    _run(tmp_path / "part", schedule="linear", max_steps=4, warmup_ratio=0.0, resume="auto")
+    _run(tmp_path / "full", schedule="linear", max_steps=4, warmup_ratio=0.0)
+    resumed = {r["step"]: r["lr"] for r in read_jsonl(tmp_path / "part" / "metrics.jsonl") if "lr" in r}
+    full = {r["step"]: r["lr"] for r in read_jsonl(tmp_path / "full" / "metrics.jsonl") if "lr" in r}
+    config = train_config(schedule="linear", max_steps=4, warmup_ratio=0.0)
+    assert resumed[3] > 0 and resumed[3] == pytest.approx(config.lr * lr_multiplier(3, config))
+    assert resumed[3] == pytest.approx(full[3]) and resumed[4] == pytest.approx(full[4])
+
+
 def test_resume_with_changed_settings_names_them(tmp_path):
     _run(tmp_path, max_steps=2)
     with pytest.raises(LmforgeError) as err:

@@ -338,9 +338,23 @@ class Trainer:
         ckpt.load_model(self.model, path)
         for name, component in self.stateful_components().items():
             component.load_state_dict(state["components"][name])
+        self._apply_schedule()
         if self.dist.is_main:
             log.info("resuming from %s (step %d)", path, self.step)
         return state
+
+    def _apply_schedule(self) -> None:
+        """Set every group's lr to what THIS run's schedule gives at the restored step.
+
+        The optimizer state carries the lr the checkpointed run's schedule had set; when ``max_steps`` grew on resume
+        (a longer decay) that lr is stale, and the first step after resuming would use it (0 at the old run's end).
+        With an unchanged schedule this recomputes the same number, so exact resumption is untouched.
+        """
+        scheduler = self.scheduler
+        for group, base, factor in zip(self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas,
+                                       strict=True):
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     # ---------------------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
