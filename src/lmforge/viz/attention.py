@@ -202,7 +202,9 @@ def _encoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[At
                          _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
 
 
-def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
+def _one_sequence(model, tokenizer, text, pair, layers, heads, max_length):
+    """A left-to-right model's input: the text (and ``pair`` after a [SEP], as segment 1) cut to the model's limit;
+    returns (ids, segments, kept layers, kept heads)."""
     config = model.config
     ids = _pieces(tokenizer, text, "text")
     segments = [0] * len(ids)
@@ -211,9 +213,12 @@ def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[At
         ids = [*ids, tokenizer.sep_id, *second]
         segments += [0] + [1] * len(second)
     ids = _cut(ids, _limit(config, max_length), "input")
-    segments = segments[:len(ids)]
-    keep_layers = resolve_indices(layers, config.n_layers, "layer")
-    keep_heads = resolve_indices(heads, config.n_heads, "head")
+    return (ids, segments[:len(ids)], resolve_indices(layers, config.n_layers, "layer"),
+            resolve_indices(heads, config.n_heads, "head"))
+
+
+def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
+    ids, segments, keep_layers, keep_heads = _one_sequence(model, tokenizer, text, pair, layers, heads, max_length)
     out = model(torch.tensor([ids]), output_attentions=keep_layers, return_logits=False)
     tokens = _tokens(tokenizer, ids)
     return [AttentionMap("decoder causal self-attention", tokens, tokens, keep_layers, keep_heads,
@@ -221,21 +226,11 @@ def _decoder(model, tokenizer, text, pair, layers, heads, max_length) -> list[At
 
 
 def _xlnet(model, tokenizer, text, pair, layers, heads, max_length) -> list[AttentionMap]:
-    config = model.config
-    ids = _pieces(tokenizer, text, "text")
-    segments = [0] * len(ids)
-    if pair is not None:
-        second = _pieces(tokenizer, pair, "pair text")
-        ids = [*ids, tokenizer.sep_id, *second]
-        segments += [0] + [1] * len(second)
-    ids = _cut(ids, _limit(config, max_length), "input")
-    segments = segments[:len(ids)]
-    keep_layers = resolve_indices(layers, config.n_layers, "layer")
-    keep_heads = resolve_indices(heads, config.n_heads, "head")
+    ids, segments, keep_layers, keep_heads = _one_sequence(model, tokenizer, text, pair, layers, heads, max_length)
     out = model(torch.tensor([ids]), token_type_ids=torch.tensor([segments]), output_attentions=True)
     tokens = _tokens(tokenizer, ids)
-    return [AttentionMap(f"XLNet content-stream self-attention ({config.attn_type})", tokens, tokens, keep_layers,
-                         keep_heads, _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
+    return [AttentionMap(f"XLNet content-stream self-attention ({model.config.attn_type})", tokens, tokens,
+                         keep_layers, keep_heads, _stack(out.attentions, keep_layers, keep_heads), segments, segments)]
 
 
 def _source_target(model, tokenizer, text, pair, max_length) -> tuple[list[int], list[int]]:
