@@ -35,7 +35,13 @@ from torch import Tensor
 
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF, encoder_export_problems
+from lmforge.interop.hf_bert import (
+    _ACT_FROM_HF,
+    _ACT_TO_HF,
+    check_tied_decoder,
+    encoder_export_problems,
+    refuse_unexpected,
+)
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
 
@@ -276,10 +282,7 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor], config: ModelConfig | None =
             extra_groups.add(group)
         else:
             encoder_sd[f"layers.{group}.{_FROM_HF_LAYER[m.group(3)]}.{m.group(4)}"] = value
-    if unexpected:
-        shown = ", ".join(repr(k) for k in unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
-        raise LmforgeError(f"unexpected key(s) in the ALBERT state dict: {shown}; expected an AlbertModel, "
-                           "AlbertForPreTraining or AlbertForMaskedLM checkpoint")
+    refuse_unexpected(unexpected, "ALBERT", "an AlbertModel, AlbertForPreTraining or AlbertForMaskedLM")
     if inner:
         raise LmforgeError(f"the ALBERT state dict has {max(inner) + 1} layers per hidden group (inner_group_num="
                            f"{max(inner) + 1}); lmforge reads inner_group_num=1 only")
@@ -298,10 +301,7 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor], config: ModelConfig | None =
     if decoder_bias is not None:
         heads_sd.setdefault("mlm.bias", decoder_bias)
     if decoder_weight is not None and not decoder_weight.is_meta:
-        tokens = encoder_sd.get("embeddings.tokens.weight")
-        if tokens is None or tokens.shape != decoder_weight.shape or not torch.equal(tokens, decoder_weight):
-            raise LmforgeError(f"{TIED_DECODER_WEIGHT!r} differs from the word embedding: the checkpoint's MLM "
-                               "decoder is untied, which is not supported")
+        check_tied_decoder(encoder_sd.get("embeddings.tokens.weight"), decoder_weight, TIED_DECODER_WEIGHT)
     return encoder_sd, (heads_sd or None)
 
 

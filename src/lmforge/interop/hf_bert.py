@@ -186,6 +186,20 @@ def encoder_export_problems(config: ModelConfig, layout: str, *, check_arch: boo
     return problems
 
 
+def refuse_unexpected(unexpected: list[str], layout: str, expected: str) -> None:
+    """Raise naming up to ten keys a ``layout`` state dict should not have (nothing when there are none)."""
+    if unexpected:
+        shown = ", ".join(repr(k) for k in unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
+        raise LmforgeError(f"unexpected key(s) in the {layout} state dict: {shown}; expected {expected} checkpoint")
+
+
+def check_tied_decoder(tokens: Tensor | None, decoder_weight: Tensor, name: str) -> None:
+    """Refuse a checkpoint whose MLM decoder weight ``name`` is not a copy of the word embedding ``tokens``."""
+    if tokens is None or tokens.shape != decoder_weight.shape or not torch.equal(tokens, decoder_weight):
+        raise LmforgeError(f"{name!r} differs from the word embedding: the checkpoint's MLM decoder is untied, which "
+                           "is not supported")
+
+
 def is_hf_bert_dir(path: str | Path) -> bool:
     """True if ``path`` is a folder with a ``config.json`` whose ``model_type`` is "bert"."""
     config = Path(path) / "config.json"
@@ -260,17 +274,11 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], 
             unexpected.append(raw_key)
         else:
             encoder_sd[ours] = value
-    if unexpected:
-        shown = ", ".join(repr(k) for k in unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
-        raise LmforgeError(f"unexpected key(s) in the BERT state dict: {shown}; expected a BertModel, "
-                           "BertForPreTraining or BertForMaskedLM checkpoint")
+    refuse_unexpected(unexpected, "BERT", "a BertModel, BertForPreTraining or BertForMaskedLM")
     if decoder_bias is not None:
         heads_sd.setdefault("mlm.bias", decoder_bias)
     if decoder_weight is not None:
-        tokens = encoder_sd.get("embeddings.tokens.weight")
-        if tokens is None or tokens.shape != decoder_weight.shape or not torch.equal(tokens, decoder_weight):
-            raise LmforgeError(f"{_TIED_DECODER_WEIGHT!r} differs from the word embedding: the checkpoint's MLM "
-                               "decoder is untied, which is not supported")
+        check_tied_decoder(encoder_sd.get("embeddings.tokens.weight"), decoder_weight, _TIED_DECODER_WEIGHT)
     return encoder_sd, (heads_sd or None)
 
 

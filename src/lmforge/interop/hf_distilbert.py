@@ -24,12 +24,17 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF, encoder_export_problems
+from lmforge.interop.hf_bert import (
+    _ACT_FROM_HF,
+    _ACT_TO_HF,
+    check_tied_decoder,
+    encoder_export_problems,
+    refuse_unexpected,
+)
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
 
@@ -211,15 +216,9 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], 
             unexpected.append(raw_key)
             continue
         encoder_sd[f"layers.{m.group(1)}.{_FROM_HF_LAYER[m.group(2)]}.{m.group(3)}"] = value
-    if unexpected:
-        shown = ", ".join(repr(k) for k in unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
-        raise LmforgeError(f"unexpected key(s) in the DistilBERT state dict: {shown}; expected a DistilBertModel or "
-                           "DistilBertForMaskedLM checkpoint")
+    refuse_unexpected(unexpected, "DistilBERT", "a DistilBertModel or DistilBertForMaskedLM")
     if decoder_weight is not None and not decoder_weight.is_meta:
-        tokens = encoder_sd.get("embeddings.tokens.weight")
-        if tokens is None or tokens.shape != decoder_weight.shape or not torch.equal(tokens, decoder_weight):
-            raise LmforgeError(f"{TIED_DECODER_WEIGHT!r} differs from the word embedding: the checkpoint's MLM "
-                               "decoder is untied, which is not supported")
+        check_tied_decoder(encoder_sd.get("embeddings.tokens.weight"), decoder_weight, TIED_DECODER_WEIGHT)
     return encoder_sd, (heads_sd or None)
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF
+from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF, refuse_unexpected
 
 __all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
 
@@ -184,10 +184,7 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
             unexpected.append(raw_key)
             continue
         out[f"layers.{m.group(1)}.{m.group(2)}"] = value
-    if unexpected:
-        shown = ", ".join(repr(k) for k in unexpected[:10]) + (" ..." if len(unexpected) > 10 else "")
-        raise LmforgeError(f"unexpected key(s) in the XLNet state dict: {shown}; expected an XLNetModel or "
-                           "XLNetLMHeadModel checkpoint")
+    refuse_unexpected(unexpected, "XLNet", "an XLNetModel or XLNetLMHeadModel")
     tokens = out.get("word_embedding.weight")
     if decoder is not None and tokens is not None and not (decoder.is_meta or tokens.is_meta):
         if decoder.shape != tokens.shape or not torch.equal(decoder, tokens):
