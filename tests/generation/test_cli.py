@@ -183,7 +183,7 @@ def test_folder_without_vocab_is_a_clear_error(tmp_path, capsys):
                          norm_first=True, type_vocab_size=0)
     save_pretrained(Decoder(config), tmp_path / "m")
     code, _, err = _cli(["--model", str(tmp_path / "m"), "--prompt", "hi"], capsys)
-    assert code == 2 and "no vocab.txt" in err and "BPE" in err
+    assert code == 2 and "no tokenizer" in err and "WordPiece vocab.txt" in err and "merges.txt" in err
 
 
 def test_stop_token_ends_the_text(gpt_dir, capsys):

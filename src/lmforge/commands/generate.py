@@ -139,9 +139,8 @@ def _load(directory: str) -> tuple[Any, Any, Architecture]:
                            "--objective clm) or an encoder-decoder (lmforge train-seq2seq): one of "
                            f"{', '.join(architectures_with('generates'))}")
     if loaded.tokenizer is None:
-        raise InputFileError(f"{directory}: no vocab.txt, so no WordPiece tokenizer to turn text into ids. lmforge "
-                             "tokenizers are WordPiece; a Hugging Face GPT-2 folder's byte-level BPE (vocab.json + "
-                             "merges.txt) is not implemented. Save the model with its lmforge tokenizer, or call "
+        raise InputFileError(f"{directory}: no tokenizer to turn text into ids (neither a WordPiece vocab.txt nor a "
+                             "byte-level BPE vocab.json + merges.txt). Save the model with its tokenizer, or call "
                              "lmforge.generation.generate on token ids from Python")
     log.info("loaded %s (%s, %d layers, vocabulary %d)", directory, arch, loaded.config.n_layers,
              loaded.config.vocab_size)

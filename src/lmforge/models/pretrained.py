@@ -383,19 +383,26 @@ def check_fits(build: Callable[[], nn.Module], config: ModelConfig, shapes: dict
 
 
 def _load_tokenizer(directory: Path, config: ModelConfig) -> Any | None:
-    """The folder's WordPiece tokenizer (None without vocab.txt); it may not have more ids than the embeddings."""
+    """The folder's tokenizer: WordPiece from vocab.txt, else GPT-2's byte-level BPE from vocab.json + merges.txt
+    (None without either); it may not have more ids than the embeddings."""
     vocab = directory / "vocab.txt"
     if vocab.exists() and not vocab.is_file():
         raise InputFileError(f"{vocab}: is a folder, not a vocabulary file; remove it or put the vocab.txt there")
-    if not vocab.is_file():
-        return None
-    from lmforge.tokenizers import WordPieceTokenizer
+    if vocab.is_file():
+        from lmforge.tokenizers import WordPieceTokenizer
 
-    tokenizer = WordPieceTokenizer.from_pretrained(directory)
+        tokenizer = WordPieceTokenizer.from_pretrained(directory)
+    elif (directory / "vocab.json").exists() and (directory / "merges.txt").exists():
+        from lmforge.tokenizers import ByteLevelBPETokenizer
+
+        vocab = directory / "vocab.json"
+        tokenizer = ByteLevelBPETokenizer.from_pretrained(directory)
+    else:
+        return None
     if tokenizer.vocab_size > config.vocab_size:
         raise InputFileError(f"{vocab}: {tokenizer.vocab_size:,} tokens, but the model's embeddings have "
-                             f"{config.vocab_size:,} rows, so some ids have no vector; this vocab.txt does not belong "
-                             "to this model")
+                             f"{config.vocab_size:,} rows, so some ids have no vector; this {vocab.name} does not "
+                             "belong to this model")
     return tokenizer
 
 
