@@ -132,9 +132,41 @@ def write_squad(path: Path, n: int, seed: int) -> Path:
     return path
 
 
+def write_choice(path: Path, n: int, seed: int) -> Path:
+    """Multiple choice: the context names a person's city; the right option is that city (2 to 4 options)."""
+    rng = random.Random(seed)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(n):
+            person, *cities = rng.sample(NAMES, 1) + rng.sample(CITIES, rng.randint(2, 4))
+            right = rng.randrange(len(cities))
+            context = " ".join(_sentence(rng, [person, "lives", "in", cities[right]]))
+            f.write(json.dumps({"text": context, "choices": [f"{person} is in {c}" for c in cities],
+                                "label": right}) + "\n")
+    return path
+
+
+def make_decoder_dir(path: Path, *, seed: int = 0, **overrides: object) -> Path:
+    """A randomly initialised tiny GPT with the toy tokenizer, saved as an lmforge model folder."""
+    import torch
+
+    from lmforge.config import ModelConfig
+    from lmforge.models import Decoder
+    from lmforge.models.pretrained import save_pretrained
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer(vocab())
+    torch.manual_seed(seed)
+    config = ModelConfig(**{**dict(arch="decoder", vocab_size=tokenizer.vocab_size, d_model=24, n_heads=2,
+                                   n_layers=2, d_ff=48, max_seq_len=64, dropout=0.0, attention_dropout=0.0,
+                                   norm_first=True), **overrides})
+    save_pretrained(Decoder(config), path, tokenizer=tokenizer)
+    return path
+
+
 WRITERS = {"sequence": write_sequence, "pair": write_pair, "token": write_conll, "span": write_spans,
-           "qa": write_squad}
-SUFFIX = {"sequence": ".csv", "pair": ".jsonl", "token": ".conll", "span": ".jsonl", "qa": ".json"}
+           "qa": write_squad, "choice": write_choice}
+SUFFIX = {"sequence": ".csv", "pair": ".jsonl", "token": ".conll", "span": ".jsonl", "qa": ".json",
+          "choice": ".jsonl"}
 
 
 def write_task_data(folder: Path, task: str, n_train: int = 48, n_dev: int = 16) -> tuple[Path, Path]:

@@ -50,7 +50,9 @@ OPTIMIZERS = ("adamw", "lamb")
 MASKINGS = ("token", "whole_word", "span", "ngram")
 
 # fine-tuning (TaskConfig): lmforge.tasks, lmforge.data.schemes, lmforge.nn.pooling, lmforge.heads.span
-TASKS = ("sequence", "pair", "token", "span", "qa")
+TASKS = ("sequence", "pair", "token", "span", "qa", "choice")
+# how a task's inputs are laid out: BERT's [CLS] a [SEP] b [SEP], GPT-1's [START] a [DELIM] b [EXTRACT]; auto: by family
+INPUT_FORMATS = ("auto", "bert", "gpt")
 LONG_TEXT = ("truncate", "head-tail", "chunks")
 TAG_SCHEMES = ("BIO", "IOB1", "BIOES")
 WORD_POOLINGS = ("first", "mean")

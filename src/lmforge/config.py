@@ -24,6 +24,7 @@ from lmforge.choices import (
     ARCHITECTURES,
     DECODER_ORDERS,
     HARD_ATTENTION_ESTIMATORS,
+    INPUT_FORMATS,
     KERNELS,
     LAYER_SHARINGS,
     LOCAL_ALIGNMENTS,
@@ -779,12 +780,19 @@ class TaskConfig:
     init_embeddings: str = ""
     span_features: str = "width"  # span task: "lecture" = [s_i; e_j; g_ij], "width" adds a width embedding
     span_decoding: str = "flat"  # span task: "flat" (non-overlapping) or "nested" (nesting spans, never crossing)
+    # GPT-1 fine-tuning (Radford et al. 2018): input transformations, the auxiliary LM loss, similarity in both orders
+    input_format: str = "auto"  # "bert": [CLS] a [SEP] b [SEP]; "gpt": [START] a [DELIM] b [EXTRACT]; auto: by family
+    lm_weight: float | None = None  # L = L_task + lm_weight * L_LM on a GPT backbone (None: 0.5 there, else off)
+    symmetric: bool = False  # pair task: encode (a, b) and (b, a), add the two representations (similarity)
+    allow_causal: bool = False  # token / span tasks on a left-context-only backbone (refused by default)
+    choices_column: str = "choices"  # choice task: the column (JSON list) holding the options
 
     def __post_init__(self) -> None:
         problems = []
         for name, choices in (("task", TASKS), ("long_text", LONG_TEXT), ("word_pooling", WORD_POOLINGS),
                               ("span_pooling", SPAN_POOLINGS), ("scheme", SCHEMES), ("subwords", ("first", "all")),
-                              ("span_features", ("lecture", "width")), ("span_decoding", ("flat", "nested"))):
+                              ("span_features", ("lecture", "width")), ("span_decoding", ("flat", "nested")),
+                              ("input_format", INPUT_FORMATS)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         if self.max_length < 8:
@@ -804,6 +812,11 @@ class TaskConfig:
             problems.append(f"head_lr={self.head_lr} must be positive")
         if not self.epochs > 0 or not math.isfinite(self.epochs):  # NaN fails every comparison
             problems.append(f"epochs={self.epochs} must be a positive number")
+        if self.lm_weight is not None and not (self.lm_weight >= 0 and math.isfinite(self.lm_weight)):
+            problems.append(f"lm_weight={self.lm_weight} must be a finite number >= 0 (0 turns the auxiliary LM loss "
+                            "off)")
+        if self.symmetric and self.task != "pair":
+            problems.append("symmetric=true encodes a PAIR in both orders (similarity tasks); it needs task='pair'")
         if self.gradual_unfreezing and self.freeze != "none":
             problems.append(f"gradual_unfreezing unfreezes layer groups epoch by epoch; it cannot be combined with "
                             f"freeze={self.freeze!r} (leave freeze at 'none')")

@@ -15,6 +15,9 @@ task                     model folder                                    call ->
                                                                          with character offsets into the text
 ``question-answering``   ``lmforge finetune --task qa``                  ``{"question", "context"}`` ->
                                                                          ``{"answer", "start", "end", "score"}``
+``multiple-choice``      ``lmforge finetune --task choice``              ``{"text", "choices": [...]}`` ->
+                                                                         ``{"label" (index), "choice", "score",
+                                                                         "probabilities"}``
 ``feature-extraction``   any encoder (lmforge or Hugging Face BERT)      ``"text"`` -> a vector (``pooling``
                                                                          ``mean``/``cls``) or one per token;
                                                                          with ``word_pooling``: ``{"words",
@@ -36,7 +39,7 @@ import torch
 from lmforge.errors import LmforgeError
 
 PIPELINES = ("fill-mask", "text-classification", "token-classification", "question-answering",
-             "feature-extraction")
+             "multiple-choice", "feature-extraction")
 
 
 def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, **options: Any):
@@ -53,7 +56,7 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
     """
     builders = {"fill-mask": FillMaskPipeline, "text-classification": TextClassificationPipeline,
                 "token-classification": TokenClassificationPipeline, "question-answering": QuestionAnsweringPipeline,
-                "feature-extraction": FeatureExtractionPipeline}
+                "multiple-choice": MultipleChoicePipeline, "feature-extraction": FeatureExtractionPipeline}
     if task not in builders:
         raise LmforgeError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
     return builders[task](model, device=device, batch_size=batch_size, **options)
@@ -176,6 +179,26 @@ class QuestionAnsweringPipeline(_TaskPipeline):
                                       _check_text(item["context"], "context"), [], False))
         results = [{"answer": p["text"], "start": p["start"], "end": p["end"], "score": p.get("score")}
                    for p in self._predict(examples)]
+        return results[0] if single else results
+
+
+class MultipleChoicePipeline(_TaskPipeline):
+    expected = ("choice",)
+
+    def __call__(self, inputs: dict | list[dict]) -> Any:
+        from lmforge.data.readers import ChoiceExample
+
+        items, single = _as_list(inputs)
+        examples = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or set(item) != {"text", "choices"}:
+                raise LmforgeError(f"input {i}: expected a dict with exactly the keys text and choices")
+            choices = item["choices"]
+            if not isinstance(choices, (list, tuple)) or len(choices) < 2:
+                raise LmforgeError(f"input {i}: choices must be a list of two or more option texts")
+            examples.append(ChoiceExample(_check_text(item["text"]),
+                                          tuple(_check_text(c, "an option") for c in choices), None, i + 1))
+        results = self._predict(examples)
         return results[0] if single else results
 
 

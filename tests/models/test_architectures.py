@@ -91,7 +91,8 @@ def test_architectures_with_lists_the_qualifying_families_in_registry_order():
         found = architectures_with(capability)
         assert found == [n for n in NAMES if getattr(architecture(n), capability)]
     assert architectures_with("generates") == ["decoder", "seq2seq", "rnn_seq2seq", "bilm", "awd_lstm", "xlnet"]
-    assert architectures_with("encodes_text") == ["encoder", "rnn", "bilm", "elmo", "awd_lstm", "xlnet"]
+    assert architectures_with("encodes_text") == ["encoder", "decoder", "rnn", "bilm", "elmo", "awd_lstm", "xlnet"]
+    assert architectures_with("left_context_only") == ["decoder", "awd_lstm"]
     for not_a_capability in ("name", "presets", "flies"):
         with pytest.raises(LmforgeError, match=f"unknown architecture capability '{not_a_capability}'; choose one "
                                                "of encodes_text"):
@@ -106,6 +107,8 @@ def test_capabilities_are_consistent():
             assert a.has_encoder_decoder or a.is_causal_lm
         if a.has_pooled_output:
             assert a.encodes_text
+        if a.left_context_only:  # a one-way model is a language model (its states were trained to predict)
+            assert a.is_causal_lm and a.encodes_text
         if a.hf_export is not None:
             assert isinstance(a.hf_export, str) and a.hf_export
 
@@ -136,7 +139,8 @@ def test_text_encoders_return_per_token_hidden_states(name):
     mask = torch.ones(B, T, dtype=torch.long)
     mask[1, 3:] = 0
     out = model(ids(B, T), attention_mask=mask, output_hidden_states=True)
-    assert out._fields[:4] == EncoderOutput._fields  # EncoderOutput itself or a tuple that starts with its fields
+    # EncoderOutput's fields, by name (a decoder's output also has its logits and cache)
+    assert set(EncoderOutput._fields) <= set(out._fields)
     # widths: D for most; ELMo's biLM gives [forward; backward] = 2D, and its task model ELMo_k (2D) then D
     assert out.last_hidden_state.shape[:2] == (B, T) and out.last_hidden_state.shape[-1] in (D, 2 * D)
     assert out.hidden_states and all(h.shape[:2] == (B, T) for h in out.hidden_states)

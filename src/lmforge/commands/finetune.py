@@ -51,7 +51,8 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
                 "--task.doc_stride=64 --train.micro_batch_size=8, and for a preset --model its sizes: "
                 "--model.d_model=128 (TOML: model = { source = \"bert-mini\", d_model = 128 }).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe with [task] and [train] sections")
-    p.add_argument("--task", choices=TASKS, help="sequence, pair, token (tagging), span (span labeling), qa")
+    p.add_argument("--task", choices=TASKS, help="sequence, pair, token (tagging), span (span labeling), qa, "
+                   "choice (multiple choice)")
     p.add_argument("--model", metavar="DIR|PRESET", help="an lmforge or Hugging Face BERT folder, or a preset name")
     p.add_argument("--tokenizer", metavar="DIR", help="default: the tokenizer in the model folder")
     p.add_argument("--train", metavar="FILE", help="training data (CSV/TSV/JSONL, CoNLL, span JSONL, SQuAD JSON)")

@@ -33,6 +33,14 @@ in the first column and the tag in the last, a blank line between sentences; ``-
 **``end`` is exclusive**: a span covers ``tokens[start:end]``, so ``{"start": 0, "end": 2}`` is the first two
 tokens (Python slicing, as in spaCy; *not* the inclusive ends of some BRAT exports).
 
+**Multiple choice** (:func:`read_choices`): a context, its options and the index of the right one. JSON lines
+hold the options as a list, and the label is the option's 0-based index or its text::
+
+    {"text": "Karen was assigned a roommate. ...", "choices": ["Karen became friends.", "Karen hated..."], "label": 0}
+
+A CSV/TSV table numbers the option columns after the choices column's name: ``choices0``, ``choices1``, ...
+(every column of that name and a number, in number order; an empty cell ends a row's options).
+
 **Question answering** (:func:`read_squad`): SQuAD v1.1 and v2.0 JSON (Rajpurkar et al., 2016; 2018)::
 
     {"data": [{"title": ..., "paragraphs": [{"context": ..., "qas": [
@@ -63,6 +71,7 @@ from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
 
 __all__ = [
+    "ChoiceExample",
     "ClassificationData",
     "ClassificationExample",
     "QAExample",
@@ -70,6 +79,7 @@ __all__ = [
     "TaggedSentence",
     "group_split",
     "random_split",
+    "read_choices",
     "read_classification",
     "read_conll",
     "read_spans",
@@ -127,6 +137,23 @@ class ClassificationData:
         if self.kind != "classification":
             return []
         return sorted({ex.label for ex in self.examples if ex.label is not None})  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class ChoiceExample:
+    """A context and its candidate options; ``label`` is the index of the right option (None when unlabelled).
+
+    Attributes:
+        text: the context (a story, a question with its passage).
+        choices: the options, two or more.
+        label: 0-based index into ``choices``, or None.
+        line: 1-based line in the file where the example starts.
+    """
+
+    text: str
+    choices: tuple[str, ...]
+    label: int | None
+    line: int
 
 
 @dataclass(frozen=True)
@@ -370,6 +397,76 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
     examples = [ClassificationExample(first, second, label, line)
                 for (line, first, second), label in zip(texts, labels, strict=True)]
     return ClassificationData(examples, kind, str(path))
+
+
+def read_choices(path: str | Path, *, text_column: str = "text", choices_column: str = "choices",
+                 label_column: str = "label", require_labels: bool = True) -> list[ChoiceExample]:
+    """Read a multiple-choice file (CSV, TSV or JSON lines; see the module doc).
+
+    Raises:
+        InputFileError: unknown suffix, missing column, fewer than two options, an empty option, a label that is
+            neither an option's index nor its text; the message names ``FILE:LINE`` and the fix.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _CLASSIFICATION_SUFFIXES:
+        raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use one of "
+                             f"{', '.join(_CLASSIFICATION_SUFFIXES)} (.json means JSON lines)")
+    text = _read_text(path)
+    from_json = suffix in (".jsonl", ".json")
+    if from_json:
+        columns, records = _json_records(path, text)
+        numbered: list[str] = []
+    else:
+        columns, records = _table_records(path, text, "," if suffix == ".csv" else "\t")
+        pattern = re.compile(re.escape(choices_column) + r"(\d+)")
+        numbered = sorted((c for c in columns if pattern.fullmatch(c)), key=lambda c: int(c[len(choices_column):]))
+        if not numbered:
+            raise InputFileError(f"{path}: no option columns {choices_column}0, {choices_column}1, ... in the header "
+                                 f"(columns: {columns}); number the option columns after --choices-column")
+    if not records:
+        raise InputFileError(f"{path}: the file has a header but no examples")
+    if text_column not in columns:
+        raise InputFileError(f"{path}: no text column {text_column!r} (columns: {columns}); name the context column "
+                             "with --text-column")
+    examples = []
+    for record in records:
+        where = f"{path}:{record.line}"
+        context = _text_field(path, record, text_column, "--text-column")
+        if from_json:
+            raw = record.fields.get(choices_column)
+            if not isinstance(raw, list):
+                raise InputFileError(f"{where}: the {choices_column!r} field must be a list of option strings, found "
+                                     f"{json.dumps(raw)[:60]} (choose the field with --choices-column)")
+        else:
+            raw = [record.fields[c] for c in numbered]
+            while raw and not raw[-1].strip():  # fewer options on this row
+                raw.pop()
+        if len(raw) < 2:
+            raise InputFileError(f"{where}: {len(raw)} option(s); a multiple-choice example needs two or more")
+        if not all(isinstance(o, str) and o.strip() for o in raw):
+            raise InputFileError(f"{where}: every option must be a non-empty string, found "
+                                 f"{json.dumps(raw, ensure_ascii=False)[:80]}")
+        choices = tuple(raw)
+        label = _choice_label(where, record.fields.get(label_column), choices)
+        if label is None and require_labels:
+            raise InputFileError(f"{where}: missing label in column {label_column!r} (the right option's 0-based "
+                                 "index or its text); every example needs one for training or evaluation")
+        examples.append(ChoiceExample(context, choices, label, record.line))
+    return examples
+
+
+def _choice_label(where: str, value: Any, choices: tuple[str, ...]) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and value.strip() in choices:
+        return choices.index(value.strip())
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if type(value) is int and 0 <= value < len(choices):
+        return value
+    raise InputFileError(f"{where}: the label {json.dumps(value, ensure_ascii=False)[:60]} is neither an option's "
+                         f"0-based index (0..{len(choices) - 1}) nor one of the options' text")
 
 
 def _resolve_labels(path: Path, lines: list[int], labels: list[str | float | None]

@@ -27,6 +27,7 @@ _BUILDERS = {
     "token_classification": ("lmforge.heads.token", "build_token_head"),
     "span_classification": ("lmforge.heads.span", "build_span_head"),
     "qa": ("lmforge.heads.qa", "build_qa_head"),
+    "multiple_choice": ("lmforge.heads.choice", "build_choice_head"),
 }
 # a head spec may carry the fine-tuning task's settings under this key (how to read and featurize inputs); it is
 # kept in ``head.head_config`` (so saved in config.json) but not passed to the builder

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -22,10 +24,44 @@ class TaskModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = head
+        from lmforge.models import architecture
+
+        self._takes_segments = "token_type_ids" in inspect.signature(backbone.forward).parameters  # a GPT has none
+        config = getattr(backbone, "config", None)
+        # a GPT (the gpt_inputs capability): its vocabulary projection runs only for the auxiliary LM loss
+        self._optional_logits = config is not None and architecture(config.arch).gpt_inputs
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, **head_inputs: Any) -> Any:
-        inputs = {"attention_mask": attention_mask}
-        if token_type_ids is not None:
+                token_type_ids: Tensor | None = None, *, return_lm_loss: bool = False, **head_inputs: Any) -> Any:
+        """The head's output; with ``return_lm_loss`` (a language-model backbone, GPT-1's auxiliary objective)
+        ``(head output, (sum, count))`` of the next-token cross-entropy over the real tokens of ``input_ids``."""
+        inputs: dict[str, Any] = {"attention_mask": attention_mask}
+        if token_type_ids is not None and self._takes_segments:
             inputs["token_type_ids"] = token_type_ids
-        return self.head(self.backbone(input_ids, **inputs), **head_inputs)
+        if self._optional_logits:
+            inputs["return_logits"] = return_lm_loss
+        out = self.backbone(input_ids, **inputs)
+        result = self.head(out, **head_inputs)
+        if not return_lm_loss:
+            return result
+        if getattr(out, "logits", None) is None:
+            raise TypeError(f"{type(self.backbone).__name__} returns no LM logits; the auxiliary LM loss needs a "
+                            "language-model backbone")
+        return result, next_token_loss(out.logits, input_ids, attention_mask)
+
+
+def next_token_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``(sum, count)`` of -log p(x_{t+1} | x_<=t) over positions where x_t and x_{t+1} are both real tokens.
+
+    Args:
+        logits: (B, T, V) next-token scores at every position.
+        input_ids: (B, T).
+        attention_mask: (B, T) 1 = real token (any padding side), or None.
+    """
+    targets = input_ids[:, 1:].clone()  # (B, T-1)
+    if attention_mask is not None:
+        mask = attention_mask.bool()
+        targets[~(mask[:, 1:] & mask[:, :-1])] = -100
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                           reduction="sum")
+    return loss, (targets != -100).sum()

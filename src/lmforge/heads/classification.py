@@ -46,11 +46,17 @@ class SequenceClassificationHead(nn.Module):
         init_std: the classifier's weights are drawn from N(0, init_std^2) and its bias starts at zero, as
             google-research/bert initialises its classification layer (0.02); None keeps PyTorch's default
             (uniform), which the RNN classifier uses.
+        combine_windows: how the rows of one document are combined: "mean_logits" (the windows of a long text)
+            or "sum_states" (the representations are added before the classifier: GPT-1's similarity, one row
+            per order of the pair).
     """
 
     def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1,
-                 init_std: float | None = 0.02) -> None:
+                 init_std: float | None = 0.02, combine_windows: str = "mean_logits") -> None:
         super().__init__()
+        if combine_windows not in ("mean_logits", "sum_states"):
+            raise LmforgeError(f"combine_windows={combine_windows!r} is not one of mean_logits, sum_states")
+        self.combine_windows = combine_windows
         if not regression and len(labels) < 2:
             raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
                                "float labels (regression)")
@@ -65,7 +71,12 @@ class SequenceClassificationHead(nn.Module):
                 ) -> SequenceClassificationOutput:
         """``out``: the backbone's output (``pooled_output`` (R, D)); ``labels`` (B,) class ids or float targets;
         ``doc_index`` (R,) the document of each row (default: one row per document)."""
-        logits = self.classifier(self.dropout(out.pooled_output))  # (R, C)
+        pooled = out.pooled_output  # (R, D)
+        if doc_index is not None and self.combine_windows == "sum_states":
+            n_docs = int(doc_index.max()) + 1
+            pooled = pooled.new_zeros(n_docs, pooled.shape[-1]).index_add(0, doc_index, pooled)  # (B, D)
+            doc_index = None
+        logits = self.classifier(self.dropout(pooled))  # (R, C)
         if doc_index is not None:
             logits = pool_rows(logits, doc_index)  # (B, C)
         if labels is None:
@@ -126,7 +137,8 @@ def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
 
 
 def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: list[str], regression: bool = False,
-                        dropout: float | None = None) -> SequenceClassificationHead:
+                        dropout: float | None = None, combine_windows: str = "mean_logits"
+                        ) -> SequenceClassificationHead:
     """The head for ``backbone`` (of family ``config.arch``), initialised as the family initialises its own weights.
 
     Raises:
@@ -142,10 +154,14 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
                            f"does not have; use a family that has one: {choices} (a BERT checkpoint is an "
                            "encoder)")
     if family.concat_pooling:  # ULMFiT: [h_T; max; mean] under two batch-normed linear blocks
+        if combine_windows != "mean_logits":
+            raise LmforgeError("symmetric pairs add two representations, which ULMFiT's batch-normed classifier "
+                               "does not take; leave --task.symmetric off for an AWD-LSTM")
         return ConcatPoolingClassifierHead(backbone.pooled_dim, labels, regression=regression,
                                            dropout=config.output_p if dropout is None else dropout)
     # BERT draws its classifier from N(0, init_std) like the rest of the model; a family with another scheme (the
     # RNN's uniform init) keeps PyTorch's default for the classifier.
     return SequenceClassificationHead(config.d_model, labels, regression=regression,
                                       dropout=config.dropout if dropout is None else dropout,
-                                      init_std=config.init_std if family.uses_init_std else None)
+                                      init_std=config.init_std if family.uses_init_std else None,
+                                      combine_windows=combine_windows)

@@ -49,10 +49,17 @@ class Architecture:
         description: one line for listings and error messages.
         presets: a hint of the presets of this family, as error messages suggest them (e.g. "bert-*").
         encodes_text: a text encoder: ``forward(input_ids, attention_mask, output_hidden_states=True)`` returns
-            an ``EncoderOutput`` with per-token ``last_hidden_state`` and ``hidden_states`` (B, T, D), what
-            fine-tuning heads and the server's ``/embed`` read. (A decoder's causal states are not offered there.)
-        has_pooled_output: the output also has ``pooled_output`` (B, D), one vector per text (the backbone has a
-            ``pooler``): what sequence classification reads.
+            per-token ``last_hidden_state`` and ``hidden_states`` (B, T, D), what fine-tuning heads and the
+            server's ``/embed`` read. A decoder is one too (GPT-1 fine-tuning), with left context only.
+        has_pooled_output: the output also has ``pooled_output`` (B, D), one vector per text (BERT's pooler over
+            [CLS]; a decoder's or XLNet's last real token): what sequence classification reads.
+        left_context_only: every position's state has read only the tokens before it (a causal decoder, a
+            one-way LSTM), so a per-token label cannot use what follows the token: token tagging is refused
+            unless asked for (``--task.allow_causal``). Whole-text tasks read the last token, which has read all.
+        gpt_inputs: fine-tuned as GPT-1 (Radford et al. 2018, Figure 1): inputs are ``[START] text [EXTRACT]`` /
+            ``[START] a [DELIM] b [EXTRACT]`` (tokens added when missing), the task reads the extract token's state,
+            and the language-model loss on the task's text can be kept as an auxiliary objective (``lm_weight``):
+            ``forward`` takes ``return_logits`` and returns ``logits`` (B, T, V).
         generates: ``lmforge.generation.adapter_for`` has an adapter for it, so it writes text token by token.
         has_encoder_decoder: the input is a source read by an encoder, and a separate decoder writes the output
             from a start token (``bos_id``); the prompt is not part of the output.
@@ -87,6 +94,8 @@ class Architecture:
     presets: str
     encodes_text: bool = False
     has_pooled_output: bool = False
+    left_context_only: bool = False
+    gpt_inputs: bool = False
     generates: bool = False
     has_encoder_decoder: bool = False
     is_causal_lm: bool = False
@@ -114,8 +123,9 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
                  presets="bert-*", encodes_text=True, has_pooled_output=True, position_limited=True,
                  returns_attention=True, uses_init_std=True, hf_export="bert"),
     Architecture("decoder", "lmforge.models.decoder", "Decoder", "GPT-style causal Transformer language model",
-                 presets="gpt-*", generates=True, is_causal_lm=True, position_limited=True, returns_attention=True,
-                 uses_init_std=True, hf_export="gpt2"),
+                 presets="gpt-*", encodes_text=True, has_pooled_output=True, left_context_only=True, gpt_inputs=True,
+                 generates=True, is_causal_lm=True, position_limited=True, returns_attention=True, uses_init_std=True,
+                 hf_export="gpt2"),
     Architecture("seq2seq", "lmforge.models.seq2seq", "EncoderDecoder", "Transformer encoder-decoder",
                  presets="transformer-*", generates=True, has_encoder_decoder=True, position_limited=True,
                  returns_attention=True),
@@ -136,8 +146,8 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
                  recurrent=True, returns_attention=True),
     Architecture("awd_lstm", "lmforge.models.awd_lstm", "AWDLSTM",
                  "AWD-LSTM language model (weight-dropped LSTM) and ULMFiT document encoder",
-                 presets="awd-lstm*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
-                 concat_pooling=True),
+                 presets="awd-lstm*", encodes_text=True, has_pooled_output=True, left_context_only=True,
+                 generates=True, is_causal_lm=True, concat_pooling=True),
     # XLNet: fine-tuned through its last real token's state (pooled_output, XLNet's "last" summary); generates left
     # to right with its memory (XLNet.forward_lm: attn_type "uni" as Transformer-XL, "bi" through a dummy token
     # predicted by the query stream); relative positions, so no length limit.

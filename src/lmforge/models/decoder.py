@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -64,6 +66,9 @@ class DecoderOutput(NamedTuple):
             outputs of layers 1..L-1, and ``last_hidden_state`` (as Hugging Face: the last entry is normalised).
         attentions: with ``output_attentions``, L entries: (B, H, T, S) weights for the requested layers, None for
             the others.
+        pooled_output: (B, D) ``last_hidden_state`` at each row's LAST real token (GPT-1's extract token, Radford
+            et al. 2018, section 3.3: the only position that has read the whole input). Found from the attention
+            mask, so right and left padding give the same vector.
     """
 
     logits: Tensor | None
@@ -71,6 +76,7 @@ class DecoderOutput(NamedTuple):
     cache: DecoderCache | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor | None, ...] | None = None
+    pooled_output: Tensor | None = None
 
 
 class Decoder(nn.Module):
@@ -137,6 +143,37 @@ class Decoder(nn.Module):
         """(V, D) the LM-head matrix: the token embedding when tied, else ``lm_head.weight``."""
         return self.token_embedding.weight if self.lm_head is None else self.lm_head.weight
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.token_embedding
+
+    def resize_token_embeddings(self, vocab_size: int) -> list[int]:
+        """Grow the vocabulary to ``vocab_size`` rows (tokens added for fine-tuning, e.g. GPT-1's start, delimiter
+        and extract tokens); the old rows are kept, new rows drawn from N(0, init_std) (the caller may set them),
+        a separate LM head grows too, and ``config.vocab_size`` follows. Returns the new row ids.
+
+        Raises:
+            LmforgeError: ``vocab_size`` is smaller than the current vocabulary.
+        """
+        old = self.config.vocab_size
+        if vocab_size < old:
+            raise LmforgeError(f"cannot shrink the vocabulary from {old} to {vocab_size} rows")
+        if vocab_size == old:
+            return []
+        std, weight = self.config.init_std, self.token_embedding.weight
+        grown = nn.Embedding(vocab_size, weight.shape[1], device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            nn.init.normal_(grown.weight, std=std)
+            grown.weight[:old] = weight
+        self.token_embedding = grown
+        if self.lm_head is not None:
+            head = nn.Linear(weight.shape[1], vocab_size, bias=False, device=weight.device, dtype=weight.dtype)
+            with torch.no_grad():
+                nn.init.normal_(head.weight, std=std)
+                head.weight[:old] = self.lm_head.weight
+            self.lm_head = head
+        self.config = replace(self.config, vocab_size=vocab_size)
+        return list(range(old, vocab_size))
+
     def new_cache(self) -> DecoderCache:
         """An empty cache with one LayerCache per layer."""
         return DecoderCache(len(self.layers))
@@ -187,11 +224,14 @@ class Decoder(nn.Module):
             raise LmforgeError(
                 f"total length {S} (cached {past} + new {T}) exceeds max_seq_len={self.config.max_seq_len}; "
                 "shorten the input or use a model with more positions")
+        last = None  # (B,) each row's last real new token (the extract token), when there is padding
         if attention_mask is not None:
             attention_mask = key_padding_mask(attention_mask, batch=B, length=S,
                                               length_label=f"cached + new = {past} + {T} = {S}")  # (B, S) bool
             if position_ids is None and self.rotary is None:
                 position_ids = positions_from_mask(attention_mask, T)  # (B, T)
+            new = attention_mask[:, past:]  # (B, T)
+            last = (new * torch.arange(1, T + 1, device=new.device)).argmax(-1)  # (B,) last True; 0 if none
             if bool(attention_mask.all()):
                 attention_mask = None  # no padding: lets the kernel take its plain causal path
         if position_ids is not None and self.rotary is not None:
@@ -222,9 +262,10 @@ class Decoder(nn.Module):
         if hidden_states is not None:
             hidden_states.append(x)
         logits = self.lm_logits(x) if return_logits else None  # (B, T, V)
+        pooled = x[:, -1] if last is None else x[torch.arange(B, device=x.device), last]  # (B, D)
         return DecoderOutput(logits, x, cache,
                              None if hidden_states is None else tuple(hidden_states),
-                             None if attentions is None else tuple(attentions))
+                             None if attentions is None else tuple(attentions), pooled)
 
     def _prepare_cache(self, cache: DecoderCache | None, B: int) -> int:
         if cache is None:

@@ -1,4 +1,4 @@
-"""The fine-tuning recipe: a task head on a pretrained encoder (sequence, pair, token, span, qa).
+"""The fine-tuning recipe: a task head on a pretrained encoder or decoder (sequence, pair, token, span, qa, choice).
 
 ``load_encoder`` takes an lmforge model folder (its head is dropped), a Hugging Face BERT folder, or a preset name (a
 new encoder, with a tokenizer); ``build_finetune_trainer`` reads the data, builds ``TaskModel(encoder, head)`` and
@@ -111,6 +111,40 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
     return backbone, config, tokenizer
 
 
+# tasks that label every token (or span) of a text: a left-to-right state has not read what follows the token
+_PER_TOKEN_TASKS = ("token", "span")
+
+
+def resolve_task_inputs(task: TaskConfig, config: ModelConfig) -> TaskConfig:
+    """The task settings for a backbone of family ``config.arch``: ``input_format`` "auto" becomes "gpt" on a GPT
+    (GPT-1's input transformations) and "bert" elsewhere, ``lm_weight`` None becomes 0.5 on a GPT (GPT-1's lambda)
+    and 0 elsewhere.
+
+    Raises:
+        LmforgeError: GPT inputs or the auxiliary LM loss on a backbone that is not a GPT; a per-token task on a
+            left-context-only backbone without ``allow_causal``.
+    """
+    from lmforge.models import architecture, architectures_with
+
+    family = architecture(config.arch)
+    gpts = ", ".join(f"{n} ({architecture(n).presets})" for n in architectures_with("gpt_inputs"))
+    fmt = task.input_format if task.input_format != "auto" else ("gpt" if family.gpt_inputs else "bert")
+    if fmt == "gpt" and not family.gpt_inputs:
+        raise LmforgeError(f"--task.input_format=gpt lays inputs out for a GPT, but the model is a {config.arch}; "
+                           f"leave it at auto (GPT families: {gpts})")
+    weight = task.lm_weight if task.lm_weight is not None else (0.5 if family.gpt_inputs else 0.0)
+    if weight and not family.gpt_inputs:
+        raise LmforgeError(f"--task.lm_weight={weight:g} adds a GPT's language-model loss on the task's text, but "
+                           f"the model is a {config.arch} with no LM head here; drop the option (GPT families: "
+                           f"{gpts})")
+    if family.left_context_only and task.task in _PER_TOKEN_TASKS and not task.allow_causal:
+        raise LmforgeError(f"--task {task.task} labels every token from its state, and a {config.arch} reads left to "
+                           "right only: each token's state has not seen the words after it, which a tagger needs "
+                           "(GPT-1 was never fine-tuned for tagging). Use a bidirectional encoder (bert-*, xlnet-*, "
+                           "an ELMo biLM), or pass --task.allow_causal=true to tag with left context anyway")
+    return from_dict(TaskConfig, {**to_dict(task), "input_format": fmt, "lm_weight": weight}, where="--task")
+
+
 def init_embeddings(backbone, tokenizer, path: str) -> float:
     """Copy the vectors of ``path`` (word2vec text or binary format) into the token embedding rows of the tokens
     they name; returns the fraction of the vocabulary covered (logged)."""
@@ -165,9 +199,16 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
 
     check_not_input(run.out, [p for p in (run.model, run.tokenizer, run.train_file, run.dev_file,
                                           run.task.init_embeddings) if p and Path(p).exists()])
-    task = make_task(run.task)
-    task.check_options()  # e.g. --task.crf=true on a QA task is an error, not ignored
+    make_task(run.task).check_options()  # e.g. --task.crf=true on a QA task is an error, not ignored
     backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
+    run.task = resolve_task_inputs(run.task, config)
+    if run.task.input_format == "gpt":  # GPT-1: [START] / [DELIM] / [EXTRACT] join the vocabulary when missing
+        from lmforge.tasks.gpt_inputs import add_gpt_tokens, grow_embeddings
+
+        tokenizer, added = add_gpt_tokens(tokenizer)
+        grow_embeddings(backbone, tokenizer, added)
+        config = backbone.config
+    task = make_task(run.task)
     if run.task.init_embeddings:
         init_embeddings(backbone, tokenizer, run.task.init_embeddings)
     if run.task.max_length > config.max_seq_len:
@@ -216,7 +257,10 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
         callbacks["unfreezing"] = GradualUnfreezing(model, steps_per_stage=per_epoch)
         log.info("gradual unfreezing: %d layer groups, one more every %d steps (an epoch)",
                  len(callbacks["unfreezing"].groups), per_epoch)
-    trainer = Trainer(model, TaskObjective(task), data, run.train, run.out,
+    if run.task.lm_weight:
+        log.info("auxiliary LM loss: L = L_task + %g * L_LM (GPT-1; --task.lm_weight=0 turns it off)",
+                 run.task.lm_weight)
+    trainer = Trainer(model, TaskObjective(task, run.task.lm_weight or 0.0), data, run.train, run.out,
                       tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
                       progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
                       lr_scales=scales, callbacks=callbacks, run_kind=f"finetune (task {run.task.task})")

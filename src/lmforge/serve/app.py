@@ -102,6 +102,10 @@ class ServedModel:
         )
 
         name = (spec.get("task") or {}).get("task", "sequence")  # as lmforge.tasks.task_from_head_spec
+        if name not in ENDPOINT_OF_TASK:
+            raise LmforgeError(f"{self.dir}: a model fine-tuned for {name!r}, which lmforge serve has no endpoint for "
+                               f"yet (it serves {', '.join(ENDPOINT_OF_TASK)}); use `lmforge predict` or the "
+                               "Python pipeline (lmforge.pipeline('multiple-choice', DIR))")
         builder = {"/classify": TextClassificationPipeline, "/tag": TokenClassificationPipeline,
                    "/answer": QuestionAnsweringPipeline}[ENDPOINT_OF_TASK.get(name, "/classify")]
         self.pipeline = builder(self.dir, device=self.device, batch_size=self.max_batch)
@@ -128,8 +132,8 @@ class ServedModel:
         loaded = load_pretrained(self.dir, with_head=False)
         self.model, self.tokenizer, self.config, self.head_type = loaded.model.to(self.device).eval(), \
             loaded.tokenizer, loaded.config, None
-        if self.family.encodes_text:
-            self.backbone = self.model
+        if self.family.encodes_text and not (self.family.generates and self.family.left_context_only):
+            self.backbone = self.model  # a left-to-right LM (GPT, AWD-LSTM) is served as the generator it is
             self.endpoints = ["/embed"]
         elif self.family.generates:
             self.endpoints = ["/generate"]

@@ -16,6 +16,7 @@ _TASKS = {
     "token": ("lmforge.tasks.token", "TokenTask"),
     "span": ("lmforge.tasks.span", "SpanTask"),
     "qa": ("lmforge.tasks.qa", "QATask"),
+    "choice": ("lmforge.tasks.choice", "ChoiceTask"),
 }
 
 

@@ -28,8 +28,9 @@ Feature = dict[str, Any]
 
 
 # TaskConfig fields every task reads; fields only the training run reads (never saved with the model)
-COMMON_OPTIONS = ("task", "max_length", "dropout", "metric")
-TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "gradual_unfreezing", "epochs", "init_embeddings")
+COMMON_OPTIONS = ("task", "max_length", "dropout", "metric", "input_format")
+TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "gradual_unfreezing", "epochs", "init_embeddings",
+                    "lm_weight")
 
 
 class Task:
@@ -96,6 +97,16 @@ class Task:
         raise NotImplementedError
 
     def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+        """Model features of ``examples``: the task's own layout (``_featurize``, BERT's), mapped to GPT-1's
+        ``[START] .. [DELIM] .. [EXTRACT]`` when ``input_format`` is "gpt" (``lmforge.tasks.gpt_inputs``)."""
+        features = self._featurize(examples, tokenizer, training=training)
+        if self.config.input_format == "gpt":
+            from lmforge.tasks.gpt_inputs import apply_gpt_layout
+
+            apply_gpt_layout(features, tokenizer)
+        return features
+
+    def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         raise NotImplementedError
 
     def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
@@ -133,17 +144,39 @@ class Task:
 
 
 class TaskObjective:
-    """``objective(model, batch)``: the head computes its own loss; one term named after the task."""
+    """``objective(model, batch)``: the head computes its own loss; one term named after the task.
 
-    def __init__(self, task: Task) -> None:
+    With ``lm_weight`` > 0 (GPT-1, Radford et al. 2018, eq. 5: L3 = L2 + lambda * L1) the backbone's language-model
+    loss on the task's own inputs is a second term, ``lm``: lambda times the mean next-token cross-entropy over every
+    real token that follows a real token (every row of the batch: all windows, all options). Each term is a mean over
+    its own items (examples, tokens) for the whole optimizer step, so L = L_task + lambda * L_LM exactly. The
+    unweighted LM loss is logged as the metric ``lm_loss``.
+    """
+
+    def __init__(self, task: Task, lm_weight: float = 0.0) -> None:
         self.task = task
+        self.lm_weight = float(lm_weight)
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
-        out = model(**batch)
-        return ObjectiveOutput({self.task.loss_name: (out.loss_sum, out.loss_count)}, {})
+        if not self.lm_weight:
+            out = model(**batch)
+            return ObjectiveOutput({self.task.loss_name: (out.loss_sum, out.loss_count)}, {})
+        out, (lm_sum, lm_count) = model(**batch, return_lm_loss=True)
+        return ObjectiveOutput({self.task.loss_name: (out.loss_sum, out.loss_count),
+                                "lm": (self.lm_weight * lm_sum, lm_count)},
+                               {"lm_loss": (lm_sum.detach(), lm_count)})
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
-        return self.task.counts(batch)
+        counts = self.task.counts(batch)
+        if self.lm_weight:
+            counts["lm"] = lm_token_count(batch["attention_mask"])
+        return counts
+
+
+def lm_token_count(attention_mask: Tensor) -> int:
+    """Next-token predictions in a batch: positions t+1 that are real and follow a real position t."""
+    mask = attention_mask.bool()
+    return int((mask[:, 1:] & mask[:, :-1]).sum())
 
 
 def feature_length(feature: Feature) -> int:

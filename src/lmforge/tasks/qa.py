@@ -38,7 +38,7 @@ class QATask(Task):
         if self.config.version_2 is None:
             self.config = replace(self.config, version_2=any(e.is_impossible for e in examples))
 
-    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+    def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         from lmforge.data.qa_features import featurize_qa
 
         c = self.config

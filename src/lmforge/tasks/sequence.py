@@ -10,7 +10,12 @@ Texts longer than ``max_length`` tokens (BERT's window is 512; a BBC article oft
 - ``chunks``: consecutive windows of ``max_length - 2`` tokens (at most ``max_chunks``, counted when cut), each
   encoded on its own; the document's logits are the mean of its windows' logits, in training and prediction.
 
-A pair (``--task pair``) is encoded as ``[CLS] a [SEP] b [SEP]`` with segment ids 0/1 and cut longest-first.
+A pair (``--task pair``) is encoded as ``[CLS] a [SEP] b [SEP]`` with segment ids 0/1 and cut longest-first. A
+similarity pair has no order (``--task.symmetric=true``, GPT-1's similarity transformation): it is encoded both ways,
+(a, b) and (b, a), and the two representations are added before the classifier.
+
+On a GPT backbone (``input_format`` "gpt", ``lmforge.tasks.gpt_inputs``) the same rows read ``[START] text [EXTRACT]``
+and ``[START] a [DELIM] b [EXTRACT]``, and the representation is the extract token's state.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ def _sort_labels(labels: set[str]) -> list[str]:
 
 class SequenceTask(Task):
     head_type = "sequence_classification"
-    options = ("text_column", "text_pair_column", "label_column", "long_text", "head_tokens", "max_chunks")
+    options = ("text_column", "text_pair_column", "label_column", "long_text", "head_tokens", "max_chunks",
+               "symmetric")
     loss_name = "cls"
 
     def __init__(self, config, labels=None, regression: bool = False) -> None:
@@ -54,7 +60,10 @@ class SequenceTask(Task):
         return "pearson" if self.regression else "accuracy"
 
     def head_options(self) -> dict[str, Any]:
-        return {"labels": self.labels, "regression": self.regression}
+        options: dict[str, Any] = {"labels": self.labels, "regression": self.regression}
+        if self.config.symmetric:  # both orders' representations are added (GPT-1's similarity)
+            options["combine_windows"] = "sum_states"
+        return options
 
     @classmethod
     def from_head_spec(cls, spec: dict[str, Any]) -> SequenceTask:
@@ -91,15 +100,20 @@ class SequenceTask(Task):
             return float(example.label)
         return self.label_id(str(example.label), f"line {example.line}")
 
-    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+    def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         c = self.config
         room = c.max_length - 2
         features, cut = [], 0
         for i, example in enumerate(examples):
             if self.pair:
-                enc = tokenizer(example.text, example.text_pair or "", max_length=c.max_length,
-                                truncation="longest_first")
-                windows, segments = [enc["input_ids"]], [enc["token_type_ids"]]
+                orders = [(example.text, example.text_pair or "")]
+                if c.symmetric:
+                    orders.append(orders[0][::-1])
+                windows, segments = [], []
+                for a, b in orders:
+                    enc = tokenizer(a, b, max_length=c.max_length, truncation="longest_first")
+                    windows.append(enc["input_ids"])
+                    segments.append(enc["token_type_ids"])
                 cut += enc.truncated
             else:
                 ids = tokenizer.encode_ids(example.text)

@@ -26,7 +26,7 @@ log = logging.getLogger("lmforge")
 
 class SpanTask(Task):
     head_type = "span_classification"
-    options = ("max_span_width", "span_pooling", "span_features", "span_decoding")
+    options = ("max_span_width", "span_pooling", "span_features", "span_decoding", "allow_causal")
     loss_name = "span"
     default_metric = "f1"
 
@@ -46,7 +46,7 @@ class SpanTask(Task):
         if not self.labels:
             raise LmforgeError("the training data has no labelled span")
 
-    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+    def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         from lmforge.data.token_features import featurize_spans
 
         c = self.config

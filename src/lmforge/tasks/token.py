@@ -23,7 +23,7 @@ log = logging.getLogger("lmforge")
 
 class TokenTask(Task):
     head_type = "token_classification"
-    options = ("crf", "scheme", "subwords", "word_pooling")
+    options = ("crf", "scheme", "subwords", "word_pooling", "allow_causal")
     loss_name = "tag"
     default_metric = "f1"
 
@@ -70,7 +70,7 @@ class TokenTask(Task):
 
         return convert_tags(tags, "IOB1", "BIO") if self.scheme == "IOB1" else list(tags)
 
-    def featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
+    def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         from lmforge.data.token_features import featurize_tagging
 
         pairs = []
