@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("heads", ("heads",)),
     ("objectives and tasks", ("objectives", "tasks")),
     ("persistence: model folders, task-model rebuild", ("models.pretrained",)),
-    ("using models: decoding, embeddings, pictures", ("generation", "embeddings", "viz")),
+    ("using models: decoding, embeddings, pictures, prompting", ("generation", "embeddings", "viz", "prompting")),
     ("training", ("training",)),
     ("recipes: what a user runs", ("recipes", "compare", "demo")),
     ("pipelines", ("pipelines",)),

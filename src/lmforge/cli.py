@@ -10,6 +10,7 @@ from lmforge import __version__
 from lmforge.commands import compare as compare_cmd
 from lmforge.commands import data as data_cmd
 from lmforge.commands import distill as distill_cmd
+from lmforge.commands import fewshot as fewshot_cmd
 from lmforge.commands import finetune as finetune_cmd
 from lmforge.commands import generate as generate_cmd
 from lmforge.commands import models as model_cmd
@@ -50,6 +51,9 @@ COMMANDS: dict[str, Command] = {
     "generate": ("generate text: continue prompts (GPT, AWD-LSTM, biLM) or write targets (encoder-decoder); "
                  "greedy, beam, sampling",
                  generate_cmd.add_generate_arguments, generate_cmd.run_generate),
+    "fewshot": ("zero- and few-shot prompting of a causal LM (GPT-2/GPT-3 in-context learning): accuracy per "
+                "number of demonstrations, optional calibration; table, JSON and plot",
+                fewshot_cmd.add_fewshot_arguments, fewshot_cmd.run_fewshot),
     "train-seq2seq": ("train a Transformer or attentional-RNN encoder-decoder on text pairs (BBC headlines built in)",
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
     "compare": ("compare from-scratch, static-embedding and pretrained classifiers on one split (table + plot)",
