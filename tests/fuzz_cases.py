@@ -85,7 +85,16 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     from lmforge.models import Decoder
     from lmforge.models.pretrained import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
-    from tests.toy_tasks import CITIES, NAMES, make_encoder_dir, vocab, write_conll, write_sequence, write_squad
+    from tests.toy_tasks import (
+        CITIES,
+        NAMES,
+        make_encoder_dir,
+        vocab,
+        write_choice,
+        write_conll,
+        write_sequence,
+        write_squad,
+    )
 
     root.mkdir(parents=True, exist_ok=True)
     fx: dict[str, Path] = {}
@@ -112,6 +121,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     fx["dev.csv"] = write_sequence(root / "dev.csv", 8, 2)
     fx["train.conll"] = write_conll(root / "train.conll", 12, 1)
     fx["train-squad.json"] = write_squad(root / "train-squad.json", 8, 1)
+    fx["train-choice.jsonl"] = write_choice(root / "train-choice.jsonl", 12, 1)
     rng = random.Random(0)
     with (root / "pairs.jsonl").open("w", encoding="utf-8") as f:
         for _ in range(16):
@@ -233,6 +243,17 @@ SPECS: list[Spec] = [
          ("--task", "qa", "--max-steps", "2", "--batch-size", "8", "--max-length", "24", "--task.doc_stride=6",
           "--task.max_query_length=8", "--train.log_every=1"),
          variant="qa"),
+    Spec("finetune", (Input("--model", "encoder", "model"), Input("--train", "train-choice.jsonl", "choice")),
+         Output("--out", "ft", True),
+         ("--task", "choice", "--max-steps", "2", "--batch-size", "4", "--max-length", "32", "--train.log_every=1"),
+         variant="choice"),
+    Spec("finetune", (Input("--model", "gpt", "gpt"), Input("--train", "train.csv", "csv")),
+         Output("--out", "ft", True),
+         ("--task", "sequence", "--max-steps", "2", "--batch-size", "8", "--max-length", "32", "--train.log_every=1"),
+         variant="gpt"),
+    Spec("fewshot", (Input("--model", "gpt", "gpt"), Input("--train", "train.csv", "csv"),
+                     Input("--test", "dev.csv", "csv-eval")),
+         Output("--out", "fs", True), ("--shots", "0,1", "--draws", "1", "--template", "{text} is {label}")),
     Spec("evaluate", (Input("--model", "classifier", "classifier"), Input("--data", "dev.csv", "csv-eval")),
          Output("--output", "metrics.json", False), ("--batch-size", "4")),
     Spec("predict", (Input("--model", "classifier", "classifier"), Input("--input", "dev.csv", "csv-unlabelled")),
@@ -517,6 +538,16 @@ JSONL_PAIRS = {
     "jsonl-empty-target": _write('{"source": "alice oslo bob", "target": ""}\n'),
     "jsonl-scalars": _write('1\n"text"\nnull\n'),
 }
+CHOICE = {
+    "choice-one-option": _write('{"text": "alice lives in oslo", "choices": ["oslo"], "label": 0}\n'),
+    "choice-label-out-of-range": _write('{"text": "alice lives in oslo", "choices": ["oslo", "rome"], "label": 5}\n'),
+    "choice-label-not-an-option": _write('{"text": "alice", "choices": ["oslo", "rome"], "label": "lima"}\n'),
+    "choice-options-not-a-list": _write('{"text": "alice lives in oslo", "choices": "oslo rome", "label": 0}\n'),
+    "choice-empty-option": _write('{"text": "alice lives in oslo", "choices": ["oslo", ""], "label": 0}\n'),
+    "choice-no-text": _write('{"context": "alice", "choices": ["oslo", "rome"], "label": 0}\n'),
+    "jsonl-truncated-line": _write('{"text": "alice lives in oslo", "choices"\n'),
+    "jsonl-scalars": _write('1\n"text"\nnull\n'),
+}
 TOML = {
     "toml-syntax-error": _write("[train\nlr = \n"),
     "toml-wrong-type": _write('[train]\nlr = "fast"\n'),
@@ -577,7 +608,8 @@ MALFORMED: dict[str, dict[str, Mutate | None]] = {
     "model": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB}, "gpt": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB},
     "classifier": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB, **HEAD}, "hf-model": {**HF_CONFIG, **WEIGHTS, **VOCAB},
     "tokenizer": VOCAB, "data": DATA, "run": RUN, "csv": CSV_TRAIN, "csv-eval": CSV_EVAL,
-    "csv-unlabelled": CSV_UNLABELLED, "conll": CONLL, "squad": SQUAD, "jsonl": JSONL_PAIRS, "toml": TOML,
+    "csv-unlabelled": CSV_UNLABELLED, "conll": CONLL, "squad": SQUAD, "choice": CHOICE, "jsonl": JSONL_PAIRS,
+    "toml": TOML,
     "compare-toml": COMPARE_TOML,
     "text": TEXT_CORPUS, "lines": TEXT_CORPUS, "prompts": PROMPTS, "vectors": VECTORS, "wordsim": WORDSIM,
     "analogies": ANALOGIES,

@@ -102,6 +102,11 @@ def test_verbalizer_checks(caplog):
         _builder(verbalizer={"pos": "\u200b", "neg": "negative"})
     with pytest.raises(LmforgeError, match="has no words"):
         resolve_verbalizer({"pos": " ", "neg": "negative"}, TRAIN, TEST)
+    # without a verbalizer the candidates are the training labels: a test label outside them is named
+    odd = [Example("a new text", label="joy", line=7)]
+    with pytest.raises(LmforgeError, match=r"test label 'joy' \(line 7\) never appears in the training data"):
+        resolve_verbalizer(None, TRAIN, odd)
+    assert resolve_verbalizer(None, [], TEST) == {"neg": "neg", "pos": "pos"}  # zero-shot without a training file
 
 
 def test_same_seed_same_demonstrations_other_seed_other():

@@ -230,8 +230,15 @@ def resolve_verbalizer(verbalizer: Mapping[str, str] | None, train: Sequence[Exa
         LmforgeError: a label of the data without a verbalisation (named), an empty or non-string verbalisation.
     """
     data_labels = list(dict.fromkeys(e.label for e in [*train, *test] if e.label is not None))
-    if verbalizer is None:
-        return {label: label for label in sorted(data_labels)}
+    if verbalizer is None:  # the task's labels are the training file's (the test file's when there is none)
+        known = sorted({e.label for e in (train or test) if e.label is not None})
+        stray = next((e for e in test if e.label is not None and e.label not in known), None)
+        if stray is not None:
+            line = getattr(stray, "line", None)
+            raise LmforgeError(f"test label {stray.label!r}{f' (line {line})' if line else ''} never appears in the "
+                               f"training data, whose labels are the candidate answers ({', '.join(map(repr, known))})"
+                               "; fix the test file, or name every label's words with --verbalizer LABEL=WORD,...")
+        return {label: label for label in known}
     if not isinstance(verbalizer, Mapping) or not verbalizer:
         raise LmforgeError("verbalizer must be a non-empty dict label -> word(s), e.g. {'pos': 'great', 'neg': "
                            "'terrible'}, or None to use the label names")
