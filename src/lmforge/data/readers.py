@@ -330,6 +330,18 @@ def _text_field(path: Path, record: _Record, column: str, option: str) -> str:
     return value
 
 
+def _records(path: Path) -> tuple[bool, list[str], list[_Record]]:
+    """(is JSON lines, columns, records) of a CSV, TSV or JSON-lines file, chosen by its suffix."""
+    suffix = path.suffix.lower()
+    if suffix not in _CLASSIFICATION_SUFFIXES:
+        raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use one of "
+                             f"{', '.join(_CLASSIFICATION_SUFFIXES)} (.json means JSON lines)")
+    text = _read_text(path)
+    if suffix in (".jsonl", ".json"):
+        return True, *_json_records(path, text)
+    return False, *_table_records(path, text, "," if suffix == ".csv" else "\t")
+
+
 def read_classification(path: str | Path, *, text_column: str = "text", text_pair_column: str = "text_pair",
                         label_column: str = "label", require_labels: bool = True,
                         pair: bool | None = None) -> ClassificationData:
@@ -353,16 +365,7 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
             regression file, malformed line; the message names ``FILE:LINE`` and the fix.
     """
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in _CLASSIFICATION_SUFFIXES:
-        raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use one of "
-                             f"{', '.join(_CLASSIFICATION_SUFFIXES)} (.json means JSON lines)")
-    text = _read_text(path)
-    from_json = suffix in (".jsonl", ".json")
-    if from_json:
-        columns, records = _json_records(path, text)
-    else:
-        columns, records = _table_records(path, text, "," if suffix == ".csv" else "\t")
+    from_json, columns, records = _records(path)
     if not records:
         raise InputFileError(f"{path}: the file has a header but no examples")
 
@@ -408,17 +411,9 @@ def read_choices(path: str | Path, *, text_column: str = "text", choices_column:
             neither an option's index nor its text; the message names ``FILE:LINE`` and the fix.
     """
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in _CLASSIFICATION_SUFFIXES:
-        raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use one of "
-                             f"{', '.join(_CLASSIFICATION_SUFFIXES)} (.json means JSON lines)")
-    text = _read_text(path)
-    from_json = suffix in (".jsonl", ".json")
-    if from_json:
-        columns, records = _json_records(path, text)
-        numbered: list[str] = []
-    else:
-        columns, records = _table_records(path, text, "," if suffix == ".csv" else "\t")
+    from_json, columns, records = _records(path)
+    numbered: list[str] = []
+    if not from_json:
         pattern = re.compile(re.escape(choices_column) + r"(\d+)")
         numbered = sorted((c for c in columns if pattern.fullmatch(c)), key=lambda c: int(c[len(choices_column):]))
         if not numbered:

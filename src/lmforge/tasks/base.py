@@ -179,6 +179,26 @@ def lm_token_count(attention_mask: Tensor) -> int:
     return int((mask[:, 1:] & mask[:, :-1]).sum())
 
 
+def pad_windows(features: list[Feature], pad_id: int) -> dict[str, Tensor]:
+    """Every window of every feature as one right-padded row: ``input_ids``, ``attention_mask``, ``token_type_ids``
+    (R, W), and ``doc_index`` (R,) the feature of each row when some feature has several windows (long-text chunks,
+    the two orders of a symmetric pair, the options of a multiple-choice question)."""
+    rows = [w for f in features for w in f["windows"]]
+    segments = [s for f in features for s in f["segments"]]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, (row, seg) in enumerate(zip(rows, segments, strict=True)):
+        input_ids[r, :len(row)] = torch.tensor(row)
+        token_type_ids[r, :len(seg)] = torch.tensor(seg)
+        attention_mask[r, :len(row)] = 1
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+    if len(rows) != len(features):
+        batch["doc_index"] = torch.tensor([d for d, f in enumerate(features) for _ in f["windows"]])
+    return batch
+
+
 def feature_length(feature: Feature) -> int:
     """Tokens of a feature: its ``length`` entry, else the length of its ``input_ids``."""
     return int(feature["length"]) if "length" in feature else len(feature["input_ids"])

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmforge.tasks.base import Feature, Task, run_model
+from lmforge.tasks.base import Feature, Task, pad_windows, run_model
 
 log = logging.getLogger("lmforge")
 
@@ -64,19 +64,9 @@ class ChoiceTask(Task):
         return features
 
     def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
-        rows = [w for f in features for w in f["windows"]]
-        segments = [s for f in features for s in f["segments"]]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (row, seg) in enumerate(zip(rows, segments, strict=True)):
-            input_ids[r, :len(row)] = torch.tensor(row)
-            token_type_ids[r, :len(seg)] = torch.tensor(seg)
-            attention_mask[r, :len(row)] = 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                 "doc_index": torch.tensor([d for d, f in enumerate(features) for _ in f["windows"]]),
-                 "option_index": torch.tensor([k for f in features for k in range(len(f["windows"]))])}
+        batch = pad_windows(features, pad_id)
+        batch["doc_index"] = torch.tensor([d for d, f in enumerate(features) for _ in f["windows"]])
+        batch["option_index"] = torch.tensor([k for f in features for k in range(len(f["windows"]))])
         if all("label" in f for f in features):
             batch["labels"] = torch.tensor([f["label"] for f in features], dtype=torch.long)
         return batch

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.tasks.base import Feature, Task, run_model
+from lmforge.tasks.base import Feature, Task, pad_windows, run_model
 
 log = logging.getLogger("lmforge")
 
@@ -153,19 +153,7 @@ class SequenceTask(Task):
         return windows[:c.max_chunks], len(windows) > c.max_chunks
 
     def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
-        rows = [w for f in features for w in f["windows"]]
-        segments = [s for f in features for s in f["segments"]]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        token_type_ids = torch.zeros((len(rows), width), dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (row, seg) in enumerate(zip(rows, segments, strict=True)):
-            input_ids[r, :len(row)] = torch.tensor(row)
-            token_type_ids[r, :len(seg)] = torch.tensor(seg)
-            attention_mask[r, :len(row)] = 1
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        if len(rows) != len(features):
-            batch["doc_index"] = torch.tensor([d for d, f in enumerate(features) for _ in f["windows"]])
+        batch = pad_windows(features, pad_id)
         if all("label" in f for f in features):
             dtype = torch.float32 if self.regression else torch.long
             batch["labels"] = torch.tensor([f["label"] for f in features], dtype=dtype)
