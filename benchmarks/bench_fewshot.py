@@ -16,7 +16,7 @@ on the training articles only (the test articles stay unseen; the split is the d
 Reported honestly, whatever it scores: a model this small, trained minutes on 1,780 articles, is expected to stay
 near chance; the synthetic key-value task (``bench_icl.py``) is where in-context learning shows at this scale.
 
-    python benchmarks/bench_fewshot.py            # ~20 min on 2 cores (pretraining ~15 of them)
+    python benchmarks/bench_fewshot.py            # ~20 min on 2 cores (mostly the pretraining)
     python benchmarks/bench_fewshot.py --quick    # a 2-minute check of the whole path
 """
 
@@ -100,7 +100,7 @@ def balanced(test: list[tuple[str, str, str]], n: int, seed: int) -> list[tuple[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a causal LM folder to evaluate instead of pretraining gpt-mini here")
-    parser.add_argument("--steps", type=int, default=600, help="pretraining steps of 32 x 256 tokens (default 600)")
+    parser.add_argument("--steps", type=int, default=250, help="pretraining steps of 32 x 256 tokens (default 250)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--shots", default="0,1,4,16")
     parser.add_argument("--draws", type=int, default=5)

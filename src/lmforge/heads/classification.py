@@ -1,7 +1,8 @@
 """Sequence classification and regression on the pooled [CLS] representation (Devlin et al., 2019, section 4.1).
 
 One text, or a sentence pair told apart by segment ids, is classified from the encoder's ``pooled_output``
-(``tanh(W h_[CLS] + b)``, BERT's pooler): ``logits = W_c dropout(pooled)``. Regression (e.g. STS-B) is the same head
+(``tanh(W h_[CLS] + b)``, BERT's pooler; on a GPT the state of the final [EXTRACT] token, Radford et al. 2018):
+``logits = W_c dropout(pooled)``. Regression (e.g. STS-B) is the same head
 with one output and a squared-error loss.
 
 Long texts split into windows (``--long-text chunks``) are classified as one document: every window is a row of
