@@ -150,6 +150,10 @@ class ModelConfig:
     clamp_len: int | None = None
     same_length: bool = False
     lm_stream: str = "query"
+    # ELECTRA (Clark et al. 2020; objective electra, lmforge.heads.electra): the generator's width as a fraction of
+    # this model's (d_model, n_heads and d_ff each scaled; same depth; embeddings shared with this model, which is the
+    # discriminator); None: 1/4. Only pretraining reads it: fine-tuning and export use the discriminator alone.
+    generator_size: float | None = None
 
     def __post_init__(self) -> None:
         if self.d_ff is None:
@@ -206,6 +210,7 @@ class ModelConfig:
         problems += self._bilm_problems()
         problems += self._awd_lstm_problems()
         problems += self._xlnet_problems()
+        problems += self._electra_problems()
         if recurrent and self.bidirectional and self.d_model % 2:
             problems.append(f"a bidirectional RNN splits d_model={self.d_model} between two directions; use an "
                             "even d_model")
@@ -302,6 +307,19 @@ class ModelConfig:
                 problems.append(f"{', '.join(changed)} apply to arch='xlnet' only, not arch={self.arch!r}; remove "
                                 "them")
         return problems
+
+    def _electra_problems(self) -> list[str]:
+        """ELECTRA's generator size: a fraction in (0, 1], for an encoder (checked for every family: None is valid)."""
+        g = self.generator_size
+        if g is None:
+            return []
+        if isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0:  # also refuses NaN
+            return [f"generator_size={g!r} must be a fraction in (0, 1] of the discriminator's width (ELECTRA: 1/4 "
+                    "for small, 1/3 for base), or unset for 1/4"]
+        if self.arch != "encoder":
+            return [f"generator_size={g!r} applies to arch='encoder' only (ELECTRA's generator), not "
+                    f"arch={self.arch!r}; remove it"]
+        return []
 
     def _rnn_attention_problems(self) -> list[str]:
         """The attention options of the RNN encoder-decoder that contradict each other or the family."""
@@ -410,6 +428,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transformer-xl-base": dict(arch="xlnet", n_layers=16, d_model=410, n_heads=10, d_ff=2100, vocab_size=32000,
                                 max_seq_len=512, attn_type="uni", mem_len=150, same_length=False, activation="relu",
                                 dropout=0.1, attention_dropout=0.0, lm_stream="content"),
+    # ELECTRA discriminators (Clark et al. 2020, Table 6; objective electra): post-LN BERT encoders without a pooler;
+    # generator_size scales the generator's d_model, n_heads and d_ff (small: 1/4 -> 64 wide, 1 head, d_ff 256; base:
+    # 1/3 -> 256, 4 heads, 1024). electra-small factorises the embedding (E = 128 < d_model 256); in electra-base
+    # E = d_model = 768 and only the generator projects it (768 -> 256). electra-tiny trains on a laptop in minutes.
+    "electra-tiny": dict(arch="encoder", n_layers=2, d_model=128, n_heads=2, d_ff=512, embedding_size=64,
+                         pooler=False, generator_size=0.25),
+    "electra-small": dict(arch="encoder", n_layers=12, d_model=256, n_heads=4, d_ff=1024, embedding_size=128,
+                          pooler=False, generator_size=0.25),
+    "electra-base": dict(arch="encoder", n_layers=12, d_model=768, n_heads=12, d_ff=3072, pooler=False,
+                         generator_size=1 / 3),
+    # BART (Lewis et al. 2020; objective denoise): the encoder-decoder with BERT's choices, post-LN, GELU, learned
+    # positions, no embedding scaling, one embedding matrix for the source, the target and the output. bart-base is
+    # the paper's base size (6 + 6 layers, d_model 768, 12 heads, d_ff 3072, 1024 positions, GPT-2's 50,265 BPE
+    # tokens). Deviation: BART also layer-normalises the embeddings of both stacks (layernorm_embedding), which
+    # lmforge's EncoderDecoder has no option for. bart-tiny (2 + 2 layers, d_model 128) trains on a laptop in minutes.
+    "bart-tiny": dict(arch="seq2seq", n_layers=2, n_decoder_layers=2, d_model=128, n_heads=4, d_ff=512,
+                      positional="learned", activation="gelu", layer_norm_eps=1e-5, type_vocab_size=0,
+                      max_seq_len=512),
+    "bart-base": dict(arch="seq2seq", n_layers=6, n_decoder_layers=6, d_model=768, n_heads=12, d_ff=3072,
+                      positional="learned", activation="gelu", layer_norm_eps=1e-5, type_vocab_size=0,
+                      max_seq_len=1024, vocab_size=50265),
 }
 
 
@@ -681,6 +720,20 @@ class DataConfig:
     # base: 150 in training, 640 in evaluation). An option of the run's evaluation, not of the model: the saved model
     # keeps its training mem_len, and generation keeps every token anyway.
     eval_mem_len: int | None = None
+    # objective electra (Clark et al. 2020): lambda, the weight of the discriminator's replaced-token-detection loss in
+    # L = L_MLM(generator) + lambda * L_disc (the paper's 50)
+    rtd_weight: float = 50.0
+    # objective denoise (BART, Lewis et al. 2020; lmforge.data.corruption): how the encoder's input is corrupted, each
+    # a share of the tokens (permute_sentences: of the sentences; rotate_prob: a probability per example); 0 = off.
+    # The defaults are BART's final mix: text infilling of 30% of the tokens in Poisson(3) spans + every sentence
+    # shuffled. Each step acts on the tokens the earlier ones left (order: lmforge.data.corruption.Corruption).
+    infill_rate: float = 0.3
+    poisson_lambda: float = 3.0
+    permute_sentences: float = 1.0
+    rotate_prob: float = 0.0
+    token_mask_rate: float = 0.0
+    substitute_rate: float = 0.0
+    delete_rate: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -709,6 +762,9 @@ class DataConfig:
                 self.dupe_factor < 1:
             problems.append("max_span_len, max_ngram, max_predictions and dupe_factor must be >= 1")
         problems += self._plm_problems()
+        problems += self._denoise_problems()
+        if not 0.0 <= self.rtd_weight < float("inf"):  # also refuses NaN
+            problems.append(f"rtd_weight={self.rtd_weight} must be a finite number >= 0 (ELECTRA's lambda: 50)")
         if self.eval_mem_len is not None and (isinstance(self.eval_mem_len, bool) or not isinstance(
                 self.eval_mem_len, int) or not 1 <= self.eval_mem_len <= MAX_SIZE["max_seq_len"]):
             problems.append(f"eval_mem_len={self.eval_mem_len!r} must be an integer in [1, "
@@ -730,6 +786,16 @@ class DataConfig:
             problems.append(f"num_predict={self.num_predict!r} must be an integer in [1, seq_len={self.seq_len}] (the "
                             "prediction rows per sequence cannot outnumber its tokens), or unset for "
                             "ceil(seq_len / partial_k)")
+        return problems
+
+    def _denoise_problems(self) -> list[str]:
+        """The corruption options (objective denoise); checked for every objective (their defaults are valid)."""
+        problems = [f"{name}={getattr(self, name)} must be in [0, 1] (0 = off)" for name in
+                    ("infill_rate", "permute_sentences", "rotate_prob", "token_mask_rate", "substitute_rate",
+                     "delete_rate") if not 0.0 <= getattr(self, name) <= 1.0]  # also refuses NaN
+        if not 0.0 < self.poisson_lambda <= 64.0:
+            problems.append(f"poisson_lambda={self.poisson_lambda} must be in (0, 64]: the mean length of an infilled "
+                            "span (BART 3)")
         return problems
 
 

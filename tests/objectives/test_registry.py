@@ -19,7 +19,8 @@ def choices_of(option: str, command: str = "pretrain") -> list[str]:
 
 def test_the_cli_offers_exactly_the_registry():
     assert choices_of("--objective") == list(OBJECTIVES) == ["mlm+nsp", "mlm+sop", "mlm", "span", "clm", "bilm",
-                                                                 "awd_lm", "plm", "txl"]
+                                                                 "awd_lm", "plm", "txl",
+                                                                 "denoise", "electra"]
 
 
 def test_unknown_names_and_duplicates_are_clear_errors():

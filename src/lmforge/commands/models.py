@@ -105,11 +105,13 @@ def run_embed(args: argparse.Namespace) -> int:
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="DIR",
-                     help="a Hugging Face BERT, ALBERT, DistilBERT, GPT-2 or XLNet folder (safetensors) to import")
+                     help="a Hugging Face BERT, ALBERT, DistilBERT, GPT-2, XLNet or ELECTRA folder (safetensors) to "
+                          "import")
     src.add_argument("--to-hf", metavar="DIR",
                      help="an lmforge model folder to export: an encoder as BERT, ALBERT (embedding_size or "
-                          "share_layers set) or DistilBERT (type_vocab_size=0, no pooler); a GPT decoder as GPT-2; an "
-                          "XLNet as XLNetLMHeadModel")
+                          "share_layers set), DistilBERT (type_vocab_size=0, no pooler) or ELECTRA (no pooler, a "
+                          "segment embedding; an ELECTRA run's discriminator as ElectraForPreTraining); a GPT decoder "
+                          "as GPT-2; an XLNet as XLNetLMHeadModel")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--overwrite", action="store_true")
 
@@ -194,6 +196,8 @@ def encoder_layout(config) -> str:
 def _export_encoder(loaded, state: dict) -> tuple[dict, dict]:
     from lmforge.interop import hf_albert, hf_bert, hf_distilbert
 
+    if _exports_as_electra(loaded):
+        return _export_electra(loaded, state)
     config = loaded.config
     layout = encoder_layout(config)
     head_type = None if loaded.head is None else loaded.head.get("type")
@@ -221,3 +225,32 @@ def _export_encoder(loaded, state: dict) -> tuple[dict, dict]:
         return (hf_albert.config_to_hf(config, architecture_name),
                 hf_albert.state_dict_to_hf(enc, heads, share_layers=config.share_layers))
     return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)
+
+
+def _exports_as_electra(loaded) -> bool:
+    """ELECTRA's heads, or an encoder in ELECTRA's shape: no pooler, a segment embedding, no layer sharing, and no head
+    (BERT's and ALBERT's models have a pooler) or an MLM head with GELU (an ELECTRA generator; with another activation
+    a factorised encoder keeps exporting as AlbertForMaskedLM, whose MLM transform uses the model's activation)."""
+    config = loaded.config
+    head_type = None if loaded.head is None else loaded.head.get("type")
+    if head_type in ("electra", "rtd"):
+        return True
+    return (not config.pooler and config.type_vocab_size >= 1 and config.share_layers == "none"
+            and (head_type is None or (head_type == "mlm" and config.activation == "gelu")))
+
+
+def _export_electra(loaded, state: dict) -> tuple[dict, dict]:
+    """An ELECTRA pretraining run exports its discriminator (the backbone and the RTD head) as
+    ElectraForPreTraining; the generator is a checkpoint of its own on Hugging Face's side (``lmforge.interop.
+    hf_electra.generator_state_dicts``)."""
+    from lmforge.interop import hf_electra
+
+    head_type = None if loaded.head is None else loaded.head.get("type")
+    if head_type is None:
+        return hf_electra.config_to_hf(loaded.config, "ElectraModel"), hf_electra.state_dict_to_hf(state)
+    enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    kind = "rtd" if head_type == "electra" else head_type
+    heads = {k[len("head."):]: v for k, v in state.items() if k.startswith(f"head.{kind}.")}
+    return (hf_electra.config_to_hf(loaded.config, hf_electra.architecture_of(kind)),
+            hf_electra.state_dict_to_hf(enc, heads))
+

@@ -23,6 +23,7 @@ log = logging.getLogger("lmforge")
 FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "vocab_size": "vocab_size", "out": "out", "epochs": "epochs",
          "train_data": "data.train", "dev_data": "data.dev", "test_data": "data.test", "lr": "train.lr",
          "batch_size": "train.batch_size", "seed": "train.seed", "max_steps": "train.max_steps"}
+FLAGS["init"] = "init"  # start from a model folder's weights (BART: lmforge pretrain --objective denoise)
 
 
 def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +41,9 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dev-data", metavar="FILE")
     p.add_argument("--test-data", metavar="FILE")
     p.add_argument("--out", metavar="DIR")
+    p.add_argument("--init", metavar="DIR", help="start from the weights and model config of an encoder-decoder "
+                   "folder, e.g. a BART-style `lmforge pretrain --objective denoise` run; its tokenizer is used "
+                   "(--preset is then not used; --model.* may change the dropouts only)")
     p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True))
     p.add_argument("--lr", type=LEARNING_RATE)
     p.add_argument("--batch-size", type=Count(1, 65_536))
@@ -69,7 +73,7 @@ def run_train_seq2seq(args: argparse.Namespace) -> int:
     trainer.fit()
     if not trainer.dist.is_main:
         return 0
-    print(f"trained {run.preset} for {run.train.max_steps} steps -> {run.out}")
+    print(f"trained {run.init or run.preset} for {run.train.max_steps} steps -> {run.out}")
     if trainer.best is not None:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in trainer.best["record"].items() if k.startswith("rouge"))
         print(f"best dev at step {trainer.best['step']} ({run.decode.dev_strategy}): {shown}")

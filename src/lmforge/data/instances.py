@@ -115,9 +115,11 @@ def _check_seq_len(seq_len: int, minimum: int) -> None:
 # consecutive BPTT windows of one contiguous stream for a stateful LSTM LM (``lmforge.data.lm_stream``, AWD-LSTM);
 # "sop": segment pairs of one document, in order or swapped (ALBERT's sentence-order prediction); "plm": RoBERTa's
 # packed full sentences made into permutation-LM examples (XLNet, ``lmforge.data.permutation``).
-PLANS = ("nsp", "packed", "segments", "causal", "stream", "sop", "plm")
+PLANS = ("nsp", "packed", "segments", "causal", "stream", "sop", "plm", "denoise")
 # the plans that make segment pairs with a binary label (``Instance.nsp_label``; batches carry ``nsp_labels``)
 PAIR_PLANS = ("nsp", "sop")
+# "denoise": SpanBERT's single segments made into (corrupted text, text) pairs for BART's denoising autoencoder
+# (``lmforge.data.corruption.DenoisingData``: text infilling, sentence permutation, ... of DataConfig's rates).
 
 
 class TooFewDocumentsError(LmforgeError):

@@ -28,6 +28,9 @@ _BUILDERS = {
     "span_classification": ("lmforge.heads.span", "build_span_head"),
     "qa": ("lmforge.heads.qa", "build_qa_head"),
     "multiple_choice": ("lmforge.heads.choice", "build_choice_head"),
+    # ELECTRA (Clark et al. 2020): generator + discriminator heads for pretraining; the discriminator's head alone
+    "electra": ("lmforge.heads.electra", "build_electra_head"),
+    "rtd": ("lmforge.heads.electra", "build_rtd_head"),
 }
 # a head spec may carry the fine-tuning task's settings under this key (how to read and featurize inputs); it is
 # kept in ``head.head_config`` (so saved in config.json) but not passed to the builder

@@ -10,7 +10,9 @@ from torch import Tensor, nn
 
 
 class TaskModel(nn.Module):
-    """Compose any backbone with any head: ``head(backbone(inputs), **head_inputs)``.
+    """Compose any backbone with any head: ``head(backbone(inputs), **head_inputs)``; a head whose
+    ``drives_backbone`` is true is called as ``head(backbone, input_ids, **inputs)`` and runs the backbone itself
+    (ELECTRA's discriminator reads the text its generator corrupted).
 
     State-dict keys are ``backbone.*`` and ``head.*``, so a backbone can be taken out of a task checkpoint
     (``lmforge.models.pretrained.load_backbone``) and put under another head.
@@ -40,6 +42,10 @@ class TaskModel(nn.Module):
             inputs["token_type_ids"] = token_type_ids
         if self._optional_logits:
             inputs["return_logits"] = return_lm_loss
+        if getattr(self.head, "drives_backbone", False):
+            # a head that makes the backbone's input itself (ELECTRA: the generator's samples replace the masked
+            # tokens) is handed the backbone, so that one call of the whole module runs the step
+            return self.head(self.backbone, input_ids, **inputs, **head_inputs)
         out = self.backbone(input_ids, **inputs)
         result = self.head(out, **head_inputs)
         if not return_lm_loss:

@@ -461,14 +461,15 @@ def load_backbone(directory: str | Path) -> Loaded:
 # them by value, which meta tensors do not have, so the shape check leaves them out (the real load checks them).
 _HF_COPIES = {"bert": ("cls.predictions.decoder.weight",), "albert": ("predictions.decoder.weight",),
               "distilbert": ("vocab_projector.weight",), "gpt2": ("lm_head.weight",), "xlnet": ("lm_loss.weight",)}
+_HF_COPIES["electra"] = ("generator_lm_head.weight",)  # ElectraForMaskedLM's tied un-embedding
 
 
 def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool) -> Loaded:
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     if hf_type not in _HF_COPIES:
         raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT, ALBERT, "
-                             "DistilBERT, GPT-2 and XLNet layouts (model_type 'bert', 'albert', 'distilbert', 'gpt2' "
-                             "or 'xlnet')")
+                             "DistilBERT, GPT-2, XLNet and ELECTRA layouts (model_type 'bert', 'albert', 'distilbert', "
+                             "'gpt2', 'xlnet' or 'electra')")
     _check_weights_file(weights)  # first: a folder of pickle weights needs converting whatever its config says
     with _blaming(config_path):
         config = _hf_config(hf_type, raw)
@@ -497,6 +498,10 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
 
 
 def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:
+    if hf_type == "electra":
+        from lmforge.interop import hf_electra
+
+        return hf_electra.config_from_hf(raw)
     from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_gpt2, hf_xlnet
 
     converters = {"bert": hf_bert, "albert": hf_albert, "distilbert": hf_distilbert, "gpt2": hf_gpt2,
@@ -507,6 +512,14 @@ def _hf_config(hf_type: str, raw: dict[str, Any]) -> ModelConfig:
 def _from_hf(hf_type: str, tensors: dict[str, torch.Tensor], with_head: bool, config: ModelConfig
              ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, tuple[str, ...]]:
     """(our state dict, head description, prefixes of keys the checkpoint may lack) of a Hugging Face state dict."""
+    if hf_type == "electra":  # ElectraModel; ElectraForPreTraining: head "rtd"; ElectraForMaskedLM: head "mlm"
+        from lmforge.interop import hf_electra
+
+        encoder_sd, electra_heads, kind = hf_electra.state_dict_from_hf(tensors, config)
+        if electra_heads is None or not with_head:
+            return encoder_sd, None, ()
+        return ({**{f"backbone.{k}": v for k, v in encoder_sd.items()},
+                 **{f"head.{k}": v for k, v in electra_heads.items()}}, {"type": kind}, ())
     if hf_type == "gpt2":
         from lmforge.interop import hf_gpt2
 

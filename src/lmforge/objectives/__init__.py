@@ -13,6 +13,8 @@ _WHERE = {
     "AWDLMObjective": "lmforge.objectives.awd_lm",
     "MaskedLMObjective": "lmforge.objectives.masked_lm",
     "Seq2SeqObjective": "lmforge.objectives.seq2seq",
+    "ElectraObjective": "lmforge.objectives.electra",
+    "DenoisingObjective": "lmforge.objectives.denoise",
     "OBJECTIVES": "lmforge.objectives.registry",
     "PretrainingObjective": "lmforge.objectives.registry",
     "get_objective": "lmforge.objectives.registry",

@@ -167,3 +167,31 @@ def _check_txl(config: Any, data: Any) -> None:
 register_objective(PretrainingObjective(
     "txl", "Transformer-XL (Dai et al. 2019): causal LM over consecutive segments with memory", arch="xlnet",
     plan="stream", head=None, masking=None, loss=_txl, check_model=_check_txl))
+
+
+def _denoise(data: Any) -> Callable:
+    from lmforge.objectives.denoise import DenoisingObjective
+
+    return DenoisingObjective()
+
+
+# The encoder-decoder (its own LM head, head None) reads a corrupted text and writes the original; no masking strategy:
+# plan "denoise" corrupts by DataConfig's rates (data.infill_rate, data.permute_sentences, data.rotate_prob, ...).
+register_objective(PretrainingObjective(
+    "denoise", "BART (Lewis et al. 2020): an encoder-decoder reconstructs the text from a corruption of it (text "
+    "infilling + sentence permutation by default)", arch="seq2seq", plan="denoise", head=None, masking=None,
+    loss=_denoise))
+
+
+def _electra(data: Any) -> Callable:
+    from lmforge.objectives.electra import ElectraObjective
+
+    return ElectraObjective(rtd_weight=data.rtd_weight)
+
+
+# The discriminator is the backbone (what a saved run's folder loads as an encoder); the head holds the generator, which
+# shares its embeddings, and both output heads. RoBERTa's packed full sentences, masked by the run's data.masking.
+register_objective(PretrainingObjective(
+    "electra", "ELECTRA (Clark et al. 2020): a small MLM generator fills the masked tokens, the discriminator detects "
+    "which tokens were replaced (loss MLM + rtd_weight x BCE)", arch="encoder", plan="packed",
+    head={"type": "electra"}, loss=_electra))

@@ -158,6 +158,10 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     def data(split: str) -> PretrainingData:
         objective = get_objective(run.data.objective)
         kind = LMStreamData if objective.plan == "stream" else PretrainingData  # the plans of a stateful LM
+        if objective.plan == "denoise":  # BART's (corrupted text, text) pairs
+            from lmforge.data.corruption import DenoisingData
+
+            kind = DenoisingData
         return kind(corpus, run.data, tokenizer, plan=objective.plan,
                                masking=objective.masking_for(run.data), split=split, seed=run.train.seed,
                                rank=info.rank, world_size=info.world_size)

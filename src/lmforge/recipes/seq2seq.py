@@ -83,6 +83,7 @@ class Seq2SeqRun:
     tokenizer: str = ""
     vocab_size: int = 8000
     out: str = ""
+    init: str = ""  # a model folder (e.g. `lmforge pretrain --objective denoise`) whose weights the model starts from
     epochs: float = 10.0
     label_smoothing: float = 0.1
     select: str = "rougeL"
@@ -117,7 +118,9 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
     from lmforge.models import architecture, architectures_with
     from lmforge.models.pretrained import build_backbone
 
-    config = model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size, "pad_token_id": pad_id})
+    start = _start_model(run, vocab_size) if run.init else None
+    config = start.config if start is not None else \
+        model_config_from_preset(run.preset, **{**run.model, "vocab_size": vocab_size, "pad_token_id": pad_id})
     family = architecture(config.arch)
     if not family.has_encoder_decoder:
         presets = ", ".join(architecture(name).presets for name in architectures_with("has_encoder_decoder"))
@@ -127,7 +130,63 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
         raise LmforgeError(f"data.max_source_len={run.data.max_source_len} exceeds the model's max_seq_len="
                            f"{config.max_seq_len}")
     torch.manual_seed(run.train.seed)
-    return build_backbone(config), config  # after checking that it fits in memory
+    model = build_backbone(config)  # after checking that it fits in memory
+    if start is not None:
+        model.load_state_dict(start.model.state_dict())
+        log.info("train-seq2seq: starting from the weights of %s (its model config; preset %s not used)", run.init,
+                 run.preset)
+    return model, config
+
+
+# --init: what a run may still change of the folder's model (regularisation and the attention kernel, not a shape)
+INIT_MAY_CHANGE = ("dropout", "attention_dropout", "kernel")
+
+
+def _start_model(run: Seq2SeqRun, vocab_size: int):
+    """The ``--init`` folder's model, its config with the run's ``model`` settings (dropouts only)."""
+    from lmforge.config import ModelConfig
+    from lmforge.models import architecture
+    from lmforge.models.pretrained import load_backbone
+
+    _check_init_folder(run)
+    loaded = load_backbone(run.init)
+    if not architecture(loaded.config.arch).has_encoder_decoder:
+        raise LmforgeError(f"--init {run.init}: a {loaded.config.arch} model; train-seq2seq starts only from an "
+                           "encoder-decoder folder (e.g. lmforge pretrain --preset bart-tiny --objective denoise)")
+    fixed = sorted(k for k in run.model if k not in INIT_MAY_CHANGE)
+    if fixed:
+        raise LmforgeError(f"--init {run.init}: the run's model settings change {', '.join(fixed)}; a model started "
+                           f"from weights keeps their shapes (only {', '.join(INIT_MAY_CHANGE)} may change)")
+    config = from_dict(ModelConfig, {**to_dict(loaded.config), **run.model},
+                       where=f"--init {run.init} with the run's model settings")
+    if vocab_size != config.vocab_size:
+        raise LmforgeError(f"--init {run.init}: its embedding has {config.vocab_size} rows but the tokenizer has "
+                           f"{vocab_size} tokens; fine-tune with the folder's own tokenizer (leave out --tokenizer)")
+    loaded.config = config
+    return loaded
+
+
+def _check_init_folder(run: Seq2SeqRun) -> None:
+    if not Path(run.init).is_dir():
+        raise LmforgeError(f"--init {run.init}: not a folder; give a model folder (config.json and model.safetensors), "
+                           "e.g. the --out of `lmforge pretrain --objective denoise`")
+
+
+def init_tokenizer(run: Seq2SeqRun):
+    """The tokenizer of a run with ``--init``: the folder's; a ``--tokenizer`` given as well must be the same one."""
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    _check_init_folder(run)
+    if not (Path(run.init) / "vocab.txt").is_file():
+        raise LmforgeError(f"--init {run.init}: the folder has no tokenizer (vocab.txt); the weights need the "
+                           "tokenizer they were trained with: pass it with --tokenizer DIR")
+    own = WordPieceTokenizer.from_pretrained(run.init)
+    if run.tokenizer:
+        given = WordPieceTokenizer.from_pretrained(run.tokenizer)
+        if given.ids_to_tokens != own.ids_to_tokens:
+            raise LmforgeError(f"--tokenizer {run.tokenizer} is not the tokenizer of --init {run.init} (their "
+                               "vocabularies differ); leave out --tokenizer to use the folder's")
+    return own
 
 
 def decode_texts(model, tokenizer, features: list[dict[str, Any]], decode: DecodeConfig, *, batch_size: int = 32,
@@ -190,11 +249,14 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
     from lmforge.training.trainer import Trainer
     from lmforge.utils.io import check_not_input
 
-    check_not_input(run.out, [p for p in (run.tokenizer, run.data.train, run.data.dev, run.data.test)
+    check_not_input(run.out, [p for p in (run.tokenizer, run.init, run.data.train, run.data.dev, run.data.test)
                               if p and Path(p).exists()])
     train, dev, test = load_data(run)
     d = run.data
-    tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer) if run.tokenizer else train_tokenizer(run, train)
+    if run.init:  # the weights come with their tokenizer
+        tokenizer = init_tokenizer(run)
+    else:
+        tokenizer = WordPieceTokenizer.from_pretrained(run.tokenizer) if run.tokenizer else train_tokenizer(run, train)
 
     def featurize(examples, what: str):
         features, cut_src, cut_tgt = featurize_pairs(examples, tokenizer, max_source_len=d.max_source_len,

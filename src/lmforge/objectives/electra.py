@@ -1,0 +1,83 @@
+"""ELECTRA's replaced-token detection (Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as Discriminators
+Rather Than Generators", ICLR), section 2.
+
+The model is ``TaskModel(discriminator, ElectraPreTrainingHeads)`` (``lmforge.heads.electra``): one call runs the
+generator on the masked input, samples a replacement at each masked position, and runs the discriminator on the
+corrupted text. Batches are the masked-LM plans' (``lmforge.data.pretraining``): ``input_ids`` (the masked input),
+``attention_mask``, ``token_type_ids``, ``mlm_labels`` (the original id at the masked positions, -100 elsewhere).
+
+Loss (equation 1 of the paper, summed over the batch here and divided by the Trainer):
+
+    L = L_MLM(x, theta_G) + lambda * L_Disc(x, theta_D),   lambda = ``DataConfig.rtd_weight`` (50)
+
+- ``mlm``: the generator's cross-entropy summed over the N masked tokens (items: N), so its term is the mean over
+  masked tokens, as BERT's MLM;
+- ``rtd``: lambda times the binary cross-entropy of the discriminator's "replaced" logit, summed over every real token
+  (``attention_mask`` = 1, [CLS] and [SEP] included, as the released code weights the loss by the input mask; items:
+  their number), so its term is lambda times the mean over real tokens. Label 1 = the token differs from the original
+  (a sampled original is labelled original).
+
+The sampling is a discrete draw, so the ``rtd`` term's gradient reaches the discriminator and the shared embeddings
+only, never the generator's layers or MLM head (tested in ``tests/objectives/test_electra.py``).
+
+Metrics: ``mlm_accuracy`` (the generator's argmax at the masked positions), ``rtd_accuracy`` (logit > 0 agrees with
+the label, over real tokens), ``rtd_bce`` (the unweighted mean BCE, comparable across lambdas), ``replaced_share``
+(the share of real tokens that were replaced: falls as the generator learns), ``rtd_recall`` (of the replaced tokens,
+the share detected).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lmforge.objectives.base import ObjectiveOutput
+
+IGNORE = -100
+
+
+class ElectraObjective:
+    """``objective(model, batch)`` for an ELECTRA ``TaskModel`` (see the module docstring).
+
+    Args:
+        rtd_weight: lambda, the weight of the discriminator's loss (the paper's 50).
+    """
+
+    # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
+    predicted_tokens_term = "mlm"
+
+    def __init__(self, rtd_weight: float = 50.0) -> None:
+        self.rtd_weight = rtd_weight
+
+    def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
+        mask = batch.get("attention_mask")
+        real = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
+        return {"mlm": int((batch["mlm_labels"] != IGNORE).sum()), "rtd": real}
+
+    def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
+        labels = batch["mlm_labels"]  # (B, T)
+        mask = batch.get("attention_mask")
+        out = model(batch["input_ids"], attention_mask=mask, token_type_ids=batch.get("token_type_ids"),
+                    mlm_labels=labels)
+        targets = labels[labels != IGNORE]  # (N,) row-major, the order of the generator's logits
+        n = targets.numel()
+        mlm_logits = out.mlm_logits.float()  # (N, V) fp32 even under bf16 autocast
+        mlm_loss = F.cross_entropy(mlm_logits, targets, reduction="sum")
+        mlm_correct = (mlm_logits.detach().argmax(-1) == targets).sum()
+
+        real = mask.bool() if mask is not None else torch.ones_like(labels, dtype=torch.bool)  # (B, T)
+        logits = out.rtd_logits.float()[real]  # (R,) R = real tokens
+        replaced = out.replaced[real]  # (R,) bool
+        bce = F.binary_cross_entropy_with_logits(logits, replaced.float(), reduction="sum")
+        r = logits.numel()
+        detected = (logits.detach() > 0) & replaced
+        losses = {"mlm": (mlm_loss, n), "rtd": (self.rtd_weight * bce, r)}
+        metrics = {
+            "mlm_accuracy": (mlm_correct, n),
+            "rtd_accuracy": (((logits.detach() > 0) == replaced).sum(), r),
+            "rtd_bce": (bce.detach(), r),
+            "replaced_share": (replaced.sum(), r),
+            "rtd_recall": (detected.sum(), replaced.sum()),
+        }
+        return ObjectiveOutput(losses, metrics)
