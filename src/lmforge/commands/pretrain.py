@@ -37,7 +37,8 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/*.toml)")
     p.add_argument("--preset", help="model size: bert-tiny ... bert-large, albert-mini ... albert-xxlarge (objective "
                    "mlm+sop), distilbert-base, gpt-nano ... gpt2-small, elmo-small, elmo-original, awd-lstm(-small), "
-                   "xlnet-tiny ... xlnet-large (objective plm), transformer-xl-tiny/base (objective txl)")
+                   "xlnet-tiny ... xlnet-large (objective plm), transformer-xl-tiny/base (objective txl), "
+                   "electra-tiny/small/base (objective electra), bart-tiny/base (objective denoise)")
     p.add_argument("--objective", choices=list(OBJECTIVES),
                    help="; ".join(f"{name}: {o.description}" for name, o in OBJECTIVES.items()))
     p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare`")
