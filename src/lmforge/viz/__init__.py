@@ -1,5 +1,6 @@
 """Look inside models: attention weights (PNG grids and a self-contained HTML viewer), positional encodings,
-training curves.
+training curves, few-shot accuracy curves, and induction heads (``lmforge.viz.induction``: which heads attend from a
+token to the one after its previous occurrence, Olsson et al. 2022).
 
 ``collect_attention`` (``lmforge.viz.attention``) runs a model on one input and returns plain arrays;
 ``write_attention_html`` (``lmforge.viz.html``) and the ``plot_*`` functions (``lmforge.viz.plots``) draw them.
@@ -24,6 +25,13 @@ _WHERE = {
     "plot_positions": "lmforge.viz.plots",
     "training_figure": "lmforge.viz.plots",
     "plot_training": "lmforge.viz.plots",
+    "fewshot_figure": "lmforge.viz.fewshot_plot",
+    "plot_fewshot": "lmforge.viz.fewshot_plot",
+    "HeadScores": "lmforge.viz.induction",
+    "head_scores": "lmforge.viz.induction",
+    "induction_scores": "lmforge.viz.induction",
+    "previous_token_scores": "lmforge.viz.induction",
+    "write_prompt_attention": "lmforge.viz.induction",
 }
 
 

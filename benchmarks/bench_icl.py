@@ -1,0 +1,409 @@
+"""In-context learning in a 2-layer GPT trained from scratch on key -> value lists: few-shot accuracy against the
+number of demonstrations K, and the induction heads that do it (Olsson et al. 2022, "In-context Learning and
+Induction Heads").
+
+Stages (each writes its result under ``--work`` and is skipped when that result exists, so an interrupted run
+continues; ``--fresh`` starts over):
+
+1. ``data``: a corpus of ``--sequences`` documents in the ``--format`` (default ``bare``: ``k12 v3 k5 v40 k12 v3
+   ...``; ``symbols``: ``k12 = v3 ; k5 = v40 ; ...``), written by ``lmforge.data.synthetic.key_value_corpus``: each
+   document draws up to ``--keys`` distinct keys from a pool of ``--n-keys`` and gives each a value drawn uniformly
+   from ``--n-values``, afresh per document, and lists ``--pairs`` pairs over those keys; a repeated key's value
+   can only be read from the context. A ``--replay-share`` of the documents is one block of pairs repeated
+   ``--repeats`` times in the same order (default: all, 4 times: 3/4 of each document predictable by induction,
+   keys included); the rest list the keys in random order with repeats. The tokenizer is the key-value vocabulary
+   (every key and value one WordPiece token); ``lmforge data prepare --format lines`` makes the shards.
+   ``--tasks`` held-out tasks (``key_value_task``), each one fresh mapping of ``--task-pairs`` keys: the training
+   file is the demonstration pool, the test file queries every key of the mapping.
+
+   Why these defaults: with shuffled-key documents only (replay share 0), larger pools (64-256 keys) or the
+   ``symbols`` format, 2-layer models of d_model 64-128 trained 1,500-4,000 steps here stayed on the plateau that
+   precedes the induction phase change (Olsson et al. section 3): they learnt to copy the most recent value (K = 1
+   right, K = 4 at 1/4 when the key is in the prompt) and no head scored above 0.03. Dense repeats of a small
+   vocabulary are meant to shorten that plateau; measured here, 4,000 and 8,000 steps (7 and 11 minutes on one
+   thread) were still not enough: see ``examples/in-context-learning/README.md``.
+2. ``train``: ``lmforge pretrain --preset gpt-nano --objective clm`` resized to ``--layers`` layers, ``--d-model``,
+   ``--heads``, ``--positional`` positions (pre-LN, GELU, no dropout), batch ``--batch-size`` x ``--seq-len``
+   tokens, AdamW ``--lr`` with 5% warm-up and linear decay, ``--steps`` steps.
+3. ``eval``, for the trained model and for an untrained model of the same shape (the control):
+
+   * exact next-token accuracy (this script's own loop, independent of ``lmforge.prompting``): for every task,
+     K in ``--shots`` and ``--draws`` draws of K demonstrations (without replacement from the task's pool, the
+     same demonstrations for every query of a draw), the prompt ``[SEP] k_1 v_1 ... k_K v_K k`` (the template
+     and separator of ``--format``) for each query key k; correct when the argmax over the whole vocabulary is
+     k's value. Chance is 1 / n_values at K = 0; an ideal copier scores K / task_pairs + (1 - K / task_pairs) /
+     n_values (the query's key is among the demonstrations with probability K / task_pairs). Also split by
+     whether the key is in the prompt.
+   * ``lmforge.prompting.fewshot_evaluate`` (the same template and separator, classification over
+     the task's labels by summed log-probability, fixed demonstrations per draw), when that module exists.
+   * induction and previous-token scores of every head (``lmforge.viz.induction.head_scores``): ``[SEP]`` then N
+     random tokens repeated twice, 32 samples, N = 12, 20, 28, averaged (and the smallest over N, which a
+     fixed-offset positional head cannot keep high).
+   * the attention viewer (``lmforge.viz.induction.write_prompt_attention``) for one 4-shot prompt whose query key
+     is among the demonstrations: ``benchmarks/results/icl-attention.html``.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_icl.py [--quick] [--threads 1]`` (one thread: on a
+loaded 2-core machine two threads ran 100x slower). Prints Markdown and writes
+``benchmarks/results/icl.json`` and ``icl.png`` (``icl-quick.*`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import fmt, machine_description, markdown_table, print_machine, reproduce_command
+from lmforge.cli import main as lmforge
+from lmforge.data.synthetic import SEPARATOR, TEMPLATE, key_value_corpus, key_value_task, key_value_tokenizer
+from lmforge.utils.io import atomic_write_text
+
+HERE = Path(__file__).resolve().parent
+# Random tokens per repeat of the induction probe, several lengths: a content-based induction head scores at every
+# length, a head that attends at a fixed offset (a positional head; one was seen at offset 31) at one only.
+PROBE_LENS = (12, 20, 28)
+PROBE_SAMPLES = 32
+FORMATS = {"symbols": (TEMPLATE, SEPARATOR), "bare": ("{text} {label}", " ")}  # --format -> (template, separator)
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(",")
+    return int(lo), int(hi or lo)
+
+
+# ---------------------------------------------------------------------------------------------- stages
+def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    done = work / "data.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    start = time.perf_counter()
+    counts = key_value_corpus(work / "corpus.txt", n_sequences=args.sequences, pairs_per_sequence=args.pairs,
+                              n_keys=args.n_keys, n_values=args.n_values, seed=args.seed,
+                              keys_per_sequence=args.keys, template=args.template, separator=args.separator,
+                              replay_share=args.replay_share, repeats=args.repeats)
+    key_value_tokenizer(args.n_keys, args.n_values).save_pretrained(work / "tokenizer", overwrite=True)
+    code = lmforge(["-q", "data", "prepare", "--tokenizer", str(work / "tokenizer"), "--input",
+                    str(work / "corpus.txt"), "--out", str(work / "shards"), "--format", "lines", "--workers", "1",
+                    "--overwrite"])
+    if code:
+        sys.exit(f"data prepare failed ({code})")
+    (work / "tasks").mkdir(exist_ok=True)
+    for t in range(args.tasks):  # seeds far from the corpus's: fresh mappings (random values: nothing to memorise)
+        key_value_task(work / "tasks" / f"task{t}-train.jsonl", work / "tasks" / f"task{t}-test.jsonl",
+                       n_pairs=args.task_pairs, seed=10_000 + t, n_keys=args.n_keys, n_values=args.n_values)
+    info = {**counts, "seconds": time.perf_counter() - start}
+    print(f"data: {counts['documents']:,} documents, {counts['tokens']:,} tokens, "
+          f"{counts['repeated_share']:.1%} of the pairs repeat a key of their document; {args.tasks} tasks",
+          flush=True)
+    atomic_write_text(done, json.dumps(info) + "\n")
+    return info
+
+
+def read_log(run: Path) -> list[dict[str, Any]]:
+    """The training lines of a run's metrics.jsonl (those with ``elapsed_s``)."""
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in (json.loads(line) for line in lines if line.strip()) if "elapsed_s" in r and "step" in r]
+
+
+def pretrain_command(work: Path, args: argparse.Namespace) -> list[str]:
+    return ["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(work / "shards"),
+            "--out", str(work / "model"), "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--eval-every", "0",
+            "--save-every", str(max(args.steps // 4, 1)), "--seed", str(args.seed), "--resume", "auto",
+            f"--model.n_layers={args.layers}", f"--model.d_model={args.d_model}", f"--model.n_heads={args.heads}",
+            f"--model.max_seq_len={args.seq_len}", f"--model.positional={args.positional}", "--model.dropout=0.0",
+            "--model.attention_dropout=0.0",
+            "--train.warmup_ratio=0.05", f"--train.log_every={max(args.steps // 20, 1)}",
+            "--data.eval_fraction=0"]
+
+
+def stage_train(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    done = work / "train.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    command = pretrain_command(work, args)
+    print("train: lmforge " + " ".join(command), flush=True)
+    if lmforge(command):
+        sys.exit("training failed")
+    log = read_log(work / "model")
+    last = log[-1]
+    info = {"steps": last["step"], "training_s": last["elapsed_s"], "tokens": last.get("tokens"),
+            "loss_last": last.get("loss"), "lm_accuracy_last": last.get("lm_accuracy"),
+            "curve": [{k: r.get(k) for k in ("step", "loss", "lm_accuracy", "elapsed_s")} for r in log]}
+    atomic_write_text(done, json.dumps(info) + "\n")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def load_models(work: Path, seed: int):
+    """(trained model, untrained model of the same config, tokenizer)."""
+    from lmforge.models.pretrained import build_backbone, load_pretrained
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    loaded = load_pretrained(work / "model")
+    torch.manual_seed(seed + 1)
+    control = build_backbone(loaded.config).eval()
+    return loaded.model.eval(), control, WordPieceTokenizer.from_pretrained(work / "tokenizer")
+
+
+def read_task(work: Path, t: int):
+    from lmforge.data.readers import read_classification
+
+    return (read_classification(work / "tasks" / f"task{t}-train.jsonl").examples,
+            read_classification(work / "tasks" / f"task{t}-test.jsonl").examples)
+
+
+def prompt_text(demos, query: str, template: str, separator: str) -> str:
+    """``[SEP] k = v ; ... ; query =``: the demonstrations through the template and separator, the query up to the
+    label slot; the leading [SEP] is the document start of lmforge's causal-LM stream."""
+    parts = [template.format(text=d.text, label=d.label) for d in demos]
+    parts.append(template[:template.index("{label}")].format(text=query).rstrip())
+    return "[SEP] " + separator.join(parts)
+
+
+@torch.inference_mode()
+def greedy_accuracy(model, tokenizer, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Exact next-token accuracy of the value after ``key =`` per K (see the module docstring): mean and standard
+    deviation over tasks x draws, and accuracy split by whether the query's key is in the prompt."""
+    rows = []
+    for K in args.shots:
+        accuracies, seen_hits, seen_n, unseen_hits, unseen_n = [], 0, 0, 0, 0
+        for t in range(args.tasks):
+            pool, queries = read_task(work, t)
+            rng = np.random.default_rng(1_000 * t + K)
+            for _ in range(args.draws if K > 0 else 1):  # K = 0 has nothing to draw
+                demos = [pool[i] for i in rng.choice(len(pool), size=K, replace=False)]
+                shown = {d.text for d in demos}
+                prompts = [prompt_text(demos, q.text, args.template, args.separator) for q in queries]
+                ids = torch.tensor([tokenizer.encode_ids(p) for p in prompts])  # (N, T): one length per draw
+                predicted = model(ids).logits[:, -1].argmax(-1).tolist()  # (N,)
+                want = [tokenizer.vocab[q.label] for q in queries]
+                correct = [p == w for p, w in zip(predicted, want, strict=True)]
+                accuracies.append(float(np.mean(correct)))
+                for q, ok in zip(queries, correct, strict=True):
+                    if q.text in shown:
+                        seen_hits, seen_n = seen_hits + ok, seen_n + 1
+                    else:
+                        unseen_hits, unseen_n = unseen_hits + ok, unseen_n + 1
+        ideal = K / args.task_pairs + (1 - K / args.task_pairs) / args.n_values
+        rows.append({"shots": K, "accuracy_mean": float(np.mean(accuracies)), "accuracy_std": float(np.std(accuracies)),
+                     "accuracies": accuracies, "accuracy_key_in_prompt": seen_hits / seen_n if seen_n else None,
+                     "accuracy_key_not_in_prompt": unseen_hits / unseen_n if unseen_n else None,
+                     "ideal_copier": ideal, "chance": 1 / args.n_values})
+    return rows
+
+
+def prompting_accuracy(model, tokenizer, work: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """``lmforge.prompting.fewshot_evaluate`` over the tasks: each task's report rows, and per K the mean and
+    standard deviation over all tasks x draws. None when ``lmforge.prompting`` is not installed."""
+    try:
+        from lmforge.prompting import FewShotConfig, fewshot_evaluate
+    except ImportError:
+        return None
+    cfg = FewShotConfig(template=args.template, verbalizer=None, shots=tuple(args.shots), draws=args.draws,
+                        seed=args.seed, demos="fixed", scoring="sum", calibrate=False, separator=args.separator,
+                        mode="classify")
+    per_task = []
+    for t in range(args.tasks):
+        train, test = read_task(work, t)
+        per_task.append(fewshot_evaluate(model, tokenizer, train, test, cfg))
+    rows = []
+    for i, K in enumerate(args.shots):
+        accuracies = [a for report in per_task for a in report.rows[i]["accuracies"]]
+        rows.append({"shots": K, "accuracy_mean": float(np.mean(accuracies)),
+                     "accuracy_std": float(np.std(accuracies)), "accuracies": accuracies,
+                     "dropped_demos": sum(report.rows[i].get("dropped_demos", 0) for report in per_task)})
+    return {"rows": rows, "per_task": [report.to_dict() for report in per_task]}
+
+
+def attention_prompt(work: Path, args: argparse.Namespace) -> str:
+    """A 4-shot prompt of task 0 whose query is the second demonstration's key (so the induction head has
+    something to find)."""
+    pool, _ = read_task(work, 0)
+    demos = pool[:4]
+    return prompt_text(demos, demos[1].text, args.template, args.separator)
+
+
+def stage_eval(work: Path, args: argparse.Namespace, html_path: Path) -> dict[str, Any]:
+    from lmforge.viz.induction import head_scores, write_prompt_attention
+
+    trained, control, tokenizer = load_models(work, args.seed)
+    results: dict[str, Any] = {}
+    for name, model in (("trained", trained), ("untrained", control)):
+        start = time.perf_counter()
+        probes = [head_scores(model, tokenizer, seq_len=n, n_repeats=2, n_samples=PROBE_SAMPLES, seed=args.seed,
+                              prefix=[tokenizer.sep_id]) for n in PROBE_LENS]
+        scores = combine(probes)
+        results[name] = {"greedy": greedy_accuracy(model, tokenizer, work, args),
+                         "fewshot": prompting_accuracy(model, tokenizer, work, args),
+                         "heads": {**scores.to_dict(), "per_probe_length": [p.to_dict() for p in probes],
+                                   "induction_min_over_lengths": np.min([p.induction for p in probes], 0).round(4)
+                                   .tolist()}}
+        results[name]["seconds"] = time.perf_counter() - start
+        if name == "trained":
+            text = attention_prompt(work, args)
+            write_prompt_attention(model, tokenizer, text, html_path, scores=scores)
+            results["attention_html"] = {"path": str(html_path.relative_to(HERE.parent)), "prompt": text}
+        print(f"eval: {name} in {results[name]['seconds']:.1f} s", flush=True)
+    return results
+
+
+def combine(probes):
+    """One HeadScores with the mean of the probes' scores (the probe lengths differ, the sample counts do not)."""
+    from lmforge.viz.induction import HeadScores
+
+    return HeadScores(np.mean([p.induction for p in probes], 0), np.mean([p.previous_token for p in probes], 0),
+                      float(np.mean([p.uniform for p in probes])), probes[0].seq_len, probes[0].n_repeats,
+                      sum(p.n_samples for p in probes))
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ev = result["eval"]
+    shots = [r["shots"] for r in ev["trained"]["greedy"]]
+    xs = np.arange(len(shots))
+    for name, style in (("trained", "o-"), ("untrained", "s--")):
+        rows = ev[name]["greedy"]
+        ax.errorbar(xs, [r["accuracy_mean"] for r in rows], yerr=[r["accuracy_std"] for r in rows], fmt=style,
+                    capsize=3, label=f"{name}: next-token accuracy")
+        if ev[name]["fewshot"] is not None:
+            rows = ev[name]["fewshot"]["rows"]
+            ax.plot(xs, [r["accuracy_mean"] for r in rows], style[0] + ":", label=f"{name}: fewshot_evaluate")
+    ax.plot(xs, [r["ideal_copier"] for r in ev["trained"]["greedy"]], "k:", label="ideal copier")
+    ax.axhline(ev["trained"]["greedy"][0]["chance"], color="grey", lw=0.8, label="chance (1 / n_values)")
+    ax.set_xticks(xs, [str(k) for k in shots])
+    ax.set_xlabel("demonstrations K")
+    ax.set_ylabel("accuracy on held-out mappings")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    ax.set_title("In-context learning of fresh key -> value mappings", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default="runs/bench-icl", help="working folder (resumable)")
+    parser.add_argument("--sequences", type=int, default=30_000, help="training documents")
+    parser.add_argument("--pairs", type=_range, default=(16, 64), help="pairs per document: LOW,HIGH")
+    parser.add_argument("--keys", type=_range, default=(32, 32), help="distinct keys per document: LOW,HIGH")
+    parser.add_argument("--format", choices=list(FORMATS), default="bare",
+                        help="symbols: 'k12 = v3 ; k5 = v40' (template '{text} = {label}', separator ' ; '); bare: "
+                        "'k12 v3 k5 v40' (template '{text} {label}', separator ' ')")
+    parser.add_argument("--n-keys", type=int, default=32, help="the key pool")
+    parser.add_argument("--n-values", type=int, default=16, help="the value pool")
+    parser.add_argument("--replay-share", type=float, default=1.0,
+                        help="share of documents that are one block of pairs repeated --repeats times")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--tasks", type=int, default=5, help="held-out mappings")
+    parser.add_argument("--task-pairs", type=int, default=20, help="keys per held-out mapping")
+    parser.add_argument("--shots", default="0,1,4,16", help="K values")
+    parser.add_argument("--draws", type=int, default=3, help="draws of the demonstrations per task and K")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as OMP_NUM_THREADS says)")
+    parser.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run: few steps, 2 tasks")
+    parser.add_argument("--fresh", action="store_true", help="remove --work first")
+    args = parser.parse_args()
+    if args.quick:
+        args.sequences, args.steps, args.tasks, args.draws = 5_000, 150, 2, 2
+        args.work = args.work + "-quick"
+    args.shots = [int(k) for k in args.shots.split(",")]
+    args.template, args.separator = FORMATS[args.format]
+    if max(args.shots) > args.task_pairs:
+        parser.error(f"--shots up to {max(args.shots)} needs --task-pairs >= that (demonstrations are drawn "
+                     "without replacement from a task's pairs)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work = Path(args.work)
+    if args.fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    stem = "icl-quick" if args.quick else "icl"
+    results_dir = HERE / "results"
+    result: dict[str, Any] = {"machine": machine_description(), "torch_threads": torch.get_num_threads(),
+                              "command": reproduce_command(__file__, sys.argv[1:]),
+                              "settings": {k: v for k, v in vars(args).items() if k != "fresh"}}
+    start = time.perf_counter()
+    result["data"] = stage_data(work, args)
+    result["training"] = stage_train(work, args)
+    result["pretrain_command"] = "lmforge " + " ".join(pretrain_command(Path(args.work), args))
+    result["eval"] = stage_eval(work, args, results_dir / f"{stem}-attention.html")
+    result["wall_s_this_session"] = time.perf_counter() - start
+    atomic_write_text(results_dir / f"{stem}.json", json.dumps(result, indent=2) + "\n")
+    plot(result, results_dir / f"{stem}.png")
+    report(result)
+
+
+def report(result: dict[str, Any]) -> None:
+    print_machine(result["machine"])
+    print(f"- torch threads: {result['torch_threads']}")
+    print(f"\n```bash\n{result['command']}\n```\n")
+    s, d, t = result["settings"], result["data"], result["training"]
+    print(f"Corpus: {d['documents']:,} key-value documents, {d['tokens']:,} tokens ({d['repeated_share']:.0%} of "
+          f"the pairs repeat a key of their document); keys k0..k{s['n_keys'] - 1}, values v0..v{s['n_values'] - 1}."
+          f"\nModel: {s['layers']} layers, d_model {s['d_model']}, {s['heads']} heads (pre-LN GPT, no dropout); "
+          f"{t['steps']} steps of {s['batch_size']} x {s['seq_len']} tokens in {t['training_s'] / 60:.1f} min "
+          f"(final training loss {fmt(t['loss_last'], 3)}, next-token accuracy {fmt(t['lm_accuracy_last'], 3)}).\n"
+          f"Training: `{result['pretrain_command']}`\n")
+    ev = result["eval"]
+    print(f"Few-shot accuracy on {s['tasks']} held-out mappings of {s['task_pairs']} keys, {s['draws']} draws of "
+          "the demonstrations each (mean +- std over tasks x draws). Next-token: argmax over the whole vocabulary "
+          f"(chance {1 / s['n_values']:.3f}); fewshot_evaluate: classification over the task's labels.\n")
+    header = ["K", "trained next-token", "key in prompt", "key not in prompt", "untrained next-token",
+              "ideal copier", "trained fewshot_evaluate", "untrained fewshot_evaluate"]
+    rows = []
+    for i, r in enumerate(ev["trained"]["greedy"]):
+        u = ev["untrained"]["greedy"][i]
+        few = [ev[m]["fewshot"]["rows"][i] if ev[m]["fewshot"] else None for m in ("trained", "untrained")]
+        rows.append([str(r["shots"]), f"{r['accuracy_mean']:.3f} +- {r['accuracy_std']:.3f}",
+                     fmt(r["accuracy_key_in_prompt"], 3), fmt(r["accuracy_key_not_in_prompt"], 3),
+                     f"{u['accuracy_mean']:.3f} +- {u['accuracy_std']:.3f}", f"{r['ideal_copier']:.3f}",
+                     *[f"{f['accuracy_mean']:.3f} +- {f['accuracy_std']:.3f}" if f else "n/a (no lmforge.prompting)"
+                       for f in few]])
+    print(markdown_table(header, rows, align="rrrrrrrr"))
+    print(f"\nInduction heads ([SEP] + N random tokens x 2, N = {', '.join(map(str, PROBE_LENS))}, {PROBE_SAMPLES} "
+          f"samples each; scores averaged over N; a uniform head scores {ev['trained']['heads']['uniform']:.3f}): "
+          "best head per layer, and every head's smallest score over N.\n")
+    rows = []
+    for name in ("trained", "untrained"):
+        h = ev[name]["heads"]
+        for layer, ((hi, score), (pi, prev)) in enumerate(zip(h["best_induction"], h["best_previous_token"],
+                                                              strict=True)):
+            rows.append([name, str(layer), f"head {hi}: {score:.3f}", f"head {pi}: {prev:.3f}",
+                         ", ".join(f"{v:.2f}" for v in h["induction"][layer]),
+                         ", ".join(f"{v:.2f}" for v in h["induction_min_over_lengths"][layer])])
+    print(markdown_table(["model", "layer", "best induction score", "best previous-token score",
+                          "induction score of every head", "smallest over N"], rows, align="lrrrll"))
+    if "attention_html" in ev:
+        print(f"\nAttention viewer: {ev['attention_html']['path']} (prompt `{ev['attention_html']['prompt']}`)")
+
+
+if __name__ == "__main__":
+    main()
