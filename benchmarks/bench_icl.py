@@ -24,7 +24,8 @@ continues; ``--fresh`` starts over):
    thread) were still not enough: see ``examples/in-context-learning/README.md``.
 2. ``train``: ``lmforge pretrain --preset gpt-nano --objective clm`` resized to ``--layers`` layers, ``--d-model``,
    ``--heads``, ``--positional`` positions (pre-LN, GELU, no dropout), batch ``--batch-size`` x ``--seq-len``
-   tokens, AdamW ``--lr`` with 5% warm-up and linear decay, ``--steps`` steps.
+   tokens, AdamW ``--lr`` with 5% warm-up then ``--schedule`` (default linear decay), ``--max-grad-norm``
+   clipping, ``--weight-decay``, Adam ``--eps`` (defaults: lmforge's own), ``--steps`` steps.
 3. ``eval``, for the trained model and for an untrained model of the same shape (the control):
 
    * exact next-token accuracy (this script's own loop, independent of ``lmforge.prompting``): for every task,
@@ -120,7 +121,9 @@ def pretrain_command(work: Path, args: argparse.Namespace) -> list[str]:
             f"--model.n_layers={args.layers}", f"--model.d_model={args.d_model}", f"--model.n_heads={args.heads}",
             f"--model.max_seq_len={args.seq_len}", f"--model.positional={args.positional}", "--model.dropout=0.0",
             "--model.attention_dropout=0.0",
-            "--train.warmup_ratio=0.05", f"--train.log_every={max(args.steps // 20, 1)}",
+            "--train.warmup_ratio=0.05", f"--train.schedule={args.schedule}",
+            f"--train.max_grad_norm={args.max_grad_norm}", f"--train.weight_decay={args.weight_decay}",
+            f"--train.eps={args.eps}", f"--train.log_every={max(args.steps // 20, 1)}",
             "--data.eval_fraction=0"]
 
 
@@ -308,7 +311,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--n-values", type=int, default=16, help="the value pool")
     parser.add_argument("--replay-share", type=float, default=1.0,
                         help="share of documents that are one block of pairs repeated --repeats times")
-    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--repeats", type=_range, default=(4, 4), help="blocks of a replay document: N or LOW,HIGH "
+                        "(drawn per document)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")
@@ -317,6 +321,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--schedule", default="linear", help="lr schedule after the 5%% warm-up (lmforge's "
+                        "train.schedule: constant, linear, cosine, ...)")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: none)")
+    parser.add_argument("--weight-decay", type=float, default=0.01)
+    parser.add_argument("--eps", type=float, default=1e-6, help="Adam epsilon")
     parser.add_argument("--tasks", type=int, default=5, help="held-out mappings")
     parser.add_argument("--task-pairs", type=int, default=20, help="keys per held-out mapping")
     parser.add_argument("--shots", default="0,1,4,16", help="K values")

@@ -194,3 +194,16 @@ def test_several_repeats_cycle_the_first_block():
     assert pairs == (block * 3)[:11]
     with pytest.raises(LmforgeError, match="repeats=0"):
         key_value_document(rng, n_pairs=4, n_distinct=2, n_keys=20, n_values=5, repeats=0)
+
+
+def test_repeats_drawn_per_document_from_a_range(tmp_path):
+    path = tmp_path / "r.txt"
+    key_value_corpus(path, n_sequences=120, pairs_per_sequence=12, n_keys=40, n_values=30, seed=2,
+                     replay_share=1.0, keys_per_sequence=(12, 12), repeats=(2, 4))
+    docs = [pairs_of(d) for d in path.read_text(encoding="utf-8").strip().split("\n\n")]
+    periods = []
+    for d in docs:  # each document cycles its first ceil(12 / r) pairs for one r in 2..4
+        fits = [r for r in (2, 3, 4) if d == (d[:-(-12 // r)] * r)[:12] and len(set(d[:-(-12 // r)])) == -(-12 // r)]
+        assert fits, d
+        periods.append(fits[0])
+    assert set(periods) == {2, 3, 4}

@@ -132,7 +132,8 @@ def key_value_document(rng: np.random.Generator, *, n_pairs: int, n_distinct: in
 def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: int | tuple[int, int],
                      n_keys: int, n_values: int, seed: int,
                      keys_per_sequence: int | tuple[int, int] | None = None, template: str = TEMPLATE,
-                     separator: str = SEPARATOR, replay_share: float = 0.0, repeats: int = 2) -> dict[str, Any]:
+                     separator: str = SEPARATOR, replay_share: float = 0.0,
+                     repeats: int | tuple[int, int] = 2) -> dict[str, Any]:
     """Write a pretraining corpus of key-value documents (UTF-8, one document per line, a blank line between).
 
     Args:
@@ -154,7 +155,8 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
         replay_share: the share of documents made of one block of pairs repeated ``repeats`` times in the same
             order (``key_value_document``): a denser training signal for the induction circuit, whose plateau
             before it forms is otherwise long in a model this small.
-        repeats: the blocks of such a document (>= 2).
+        repeats: the blocks of such a document (>= 2), or an inclusive range drawn per document: varying block
+            lengths keep a head that attends at one fixed offset from solving the repeats without matching tokens.
 
     Returns:
         Counts: documents, pairs, tokens (without the [SEP] between documents), and the share of pairs whose key
@@ -168,11 +170,12 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
     k_lo, k_hi = _range(keys_per_sequence if keys_per_sequence is not None else (1, hi), "keys_per_sequence")
     if not 0.0 <= replay_share <= 1.0:
         raise LmforgeError(f"replay_share={replay_share!r} must be in [0, 1]")
+    r_lo, r_hi = (repeats, repeats) if isinstance(repeats, int) else _range(repeats, "repeats")
     rng = np.random.default_rng(seed)
     lines, pairs, repeated = [], 0, 0
     for _ in range(n_sequences):
         n = int(rng.integers(lo, hi + 1))
-        times = repeats if rng.random() < replay_share else 1
+        times = (r_lo if r_lo == r_hi else int(rng.integers(r_lo, r_hi + 1))) if rng.random() < replay_share else 1
         distinct = min(int(rng.integers(k_lo, k_hi + 1)), -(-n // times), n_keys)
         lines.append(key_value_document(rng, n_pairs=n, n_distinct=distinct, n_keys=n_keys, n_values=n_values,
                                         template=template, separator=separator, repeats=times))
