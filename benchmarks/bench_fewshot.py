@@ -156,7 +156,7 @@ def main() -> None:
               "reports": reports, "table": table}
     out_json.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_json, json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out_json}")
+    print(f"\nwrote {out_json.relative_to(ROOT.parent) if out_json.is_relative_to(ROOT.parent) else out_json}")
 
 
 if __name__ == "__main__":
