@@ -25,7 +25,8 @@ continues; ``--fresh`` starts over):
 2. ``train``: ``lmforge pretrain --preset gpt-nano --objective clm`` resized to ``--layers`` layers, ``--d-model``,
    ``--heads``, ``--positional`` positions (pre-LN, GELU, no dropout), batch ``--batch-size`` x ``--seq-len``
    tokens, AdamW ``--lr`` with 5% warm-up then ``--schedule`` (default linear decay), ``--max-grad-norm``
-   clipping, ``--weight-decay``, Adam ``--eps`` (defaults: lmforge's own), ``--steps`` steps.
+   clipping, ``--weight-decay``, Adam ``--eps`` (defaults: lmforge's own), ``--steps`` steps. ``--doc-aligned``: every
+   training row starts at a document start (``--data.doc_aligned=true``) instead of a window of the joined stream.
 3. ``eval``, for the trained model and for an untrained model of the same shape (the control):
 
    * exact next-token accuracy (this script's own loop, independent of ``lmforge.prompting``): for every task,
@@ -124,7 +125,7 @@ def pretrain_command(work: Path, args: argparse.Namespace) -> list[str]:
             "--train.warmup_ratio=0.05", f"--train.schedule={args.schedule}",
             f"--train.max_grad_norm={args.max_grad_norm}", f"--train.weight_decay={args.weight_decay}",
             f"--train.eps={args.eps}", f"--train.log_every={max(args.steps // 20, 1)}",
-            "--data.eval_fraction=0"]
+            "--data.eval_fraction=0", *(["--data.doc_aligned=true"] if args.doc_aligned else [])]
 
 
 def stage_train(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -318,6 +319,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--doc-aligned", action="store_true",
+                        help="every training row starts at a document start (--data.doc_aligned=true)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)

@@ -734,6 +734,11 @@ class DataConfig:
     token_mask_rate: float = 0.0
     substitute_rate: float = 0.0
     delete_rate: float = 0.0
+    # objective clm (plan "causal", lmforge.data.instances.DocAlignedBlocks): every row starts at a document start
+    # ([SEP] + the document + [SEP], cut into rows of at most seq_len + 1 tokens; a document's last row is shorter and
+    # padded) instead of windows of the [SEP]-joined stream, where a document may start mid-row after the previous
+    # document's tokens. Costs the padding; a 2-layer GPT found its induction head sooner this way on short documents.
+    doc_aligned: bool = False
 
     def __post_init__(self) -> None:
         problems = []
@@ -770,6 +775,11 @@ class DataConfig:
             problems.append(f"eval_mem_len={self.eval_mem_len!r} must be an integer in [1, "
                             f"{MAX_SIZE['max_seq_len']:,}] (the memory kept per layer while evaluating objective txl), "
                             "or unset for the model's mem_len")
+        if not isinstance(self.doc_aligned, bool):
+            problems.append(f"doc_aligned={self.doc_aligned!r} must be true or false")
+        elif self.doc_aligned and self.objective != "clm":
+            problems.append(f"doc_aligned=true applies to objective clm only (rows cut per document), not "
+                            f"objective={self.objective!r}")
         if problems:
             raise LmforgeError("invalid data config: " + "; ".join(problems))
 

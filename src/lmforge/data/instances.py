@@ -57,6 +57,9 @@ cheap (no token is read) and a spec is turned into ids only when its batch is bu
   unless ``eos_id`` is given), cut into consecutive blocks of ``block_len + 1`` tokens that overlap by one
   (inputs are ``block[:-1]``, next-token labels ``block[1:]``, so every token is a target exactly once).
   The last partial block is dropped.
+* ``DocAlignedBlocks`` — the same blocks cut per document (``DataConfig.doc_aligned``): every block starts at a
+  document start (``[SEP]`` + its tokens + ``[SEP]``), none holds two documents, a document's last block is
+  shorter (padded by the collate function).
 """
 
 from __future__ import annotations
@@ -70,9 +73,9 @@ import numpy as np
 from lmforge.errors import LmforgeError
 
 __all__ = [
-    "CausalBlocks", "Instance", "NspSpec", "TooFewDocumentsError", "make_causal_blocks", "make_nsp_instances",
-    "make_packed_instances", "make_segment_instances", "materialize_nsp", "materialize_pieces", "nsp_error",
-    "plan_nsp_document", "plan_packed", "plan_segments", "plan_sop_document",
+    "CausalBlocks", "DocAlignedBlocks", "Instance", "NspSpec", "TooFewDocumentsError", "make_causal_blocks",
+    "make_nsp_instances", "make_packed_instances", "make_segment_instances", "materialize_nsp", "materialize_pieces",
+    "nsp_error", "plan_nsp_document", "plan_packed", "plan_segments", "plan_sop_document",
 ]
 
 Piece = tuple[int, int, int]  # (document, token start, token end) within the document
@@ -424,6 +427,56 @@ class CausalBlocks:
                 out[pos - start] = self.eos_id
                 pos += 1
             k += 1
+        return out
+
+
+class DocAlignedBlocks:
+    """Causal blocks that each start at a document start (``DataConfig.doc_aligned``), the interface of
+    ``CausalBlocks``.
+
+    Every document becomes its own sequence ``[eos] + tokens + [eos]`` (``eos_id``, the corpus's [SEP]: the same
+    separator the packed stream puts between documents, so the first token is predicted from it and the last one
+    predicts it). That sequence is cut into windows of at most ``block_len + 1`` tokens overlapping by one, window j
+    = seq[j * block_len : (j + 1) * block_len + 1], so every token after the leading ``[eos]`` is a target exactly
+    once and no window holds two documents. A document's last window is shorter unless its sequence fits evenly;
+    ``collate_causal`` pads it (labels -100). Windows are numbered document by document, window by window, so the
+    order, the splits and the sharding of ``PretrainingData`` apply unchanged.
+    """
+
+    def __init__(self, corpus, block_len: int, *, eos_id: int, documents: Sequence[int] | None = None) -> None:
+        if block_len < 1:
+            raise LmforgeError(f"block_len={block_len} must be >= 1")
+        self.corpus = corpus
+        self.block_len = block_len
+        self.eos_id = int(eos_id)
+        docs = np.arange(corpus.num_documents) if documents is None else np.asarray(documents, dtype=np.int64)
+        self.documents = docs
+        self._lengths = np.asarray(corpus.document_lengths, dtype=np.int64)[docs]
+        # a document's sequence has length + 2 tokens, so length + 1 targets: ceil((length + 1) / block_len) windows
+        self._ends = np.cumsum(-(-(self._lengths + 1) // block_len))  # window index past each document
+        self._len = int(self._ends[-1]) if len(docs) else 0
+        self.num_stream_tokens = int((self._lengths + 2).sum())  # every token of every sequence, once
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if not 0 <= i < self._len:
+            raise IndexError(f"block {i} is out of range ({self._len} blocks)")
+        k = int(np.searchsorted(self._ends, i, side="right"))  # the document holding window i
+        j = i - (int(self._ends[k - 1]) if k else 0)  # its window number within the document
+        n = int(self._lengths[k]) + 2
+        start, stop = j * self.block_len, min((j + 1) * self.block_len + 1, n)
+        tokens = np.asarray(self.corpus.document_tokens(int(self.documents[k])), dtype=np.int64)
+        out = np.empty(stop - start, dtype=np.int64)
+        # sequence position p holds eos at 0 and n - 1, tokens[p - 1] between
+        lo, hi = max(start, 1), min(stop, n - 1)
+        if hi > lo:
+            out[lo - start:hi - start] = tokens[lo - 1:hi - 1]
+        if start == 0:
+            out[0] = self.eos_id
+        if stop == n:
+            out[-1] = self.eos_id
         return out
 
 

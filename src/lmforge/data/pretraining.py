@@ -14,7 +14,8 @@ the batch):
       span holding each predicted token (valid where ``mlm_labels != -100``; -1 elsewhere);
     - ``sbo_offset`` (B, T): span masking only; 0-based position of the token inside its span (0 elsewhere).
 * plan ``"causal"``: ``input_ids`` (B, T), ``labels`` (B, T) = the next tokens (-100 at padding; blocks are
-  full length so there is none), ``attention_mask`` (B, T).
+  full length so there is none, except with ``DataConfig.doc_aligned``, whose rows end with their document),
+  ``attention_mask`` (B, T).
 * plan ``"plm"`` (XLNet's permutation LM, ``lmforge.data.permutation``; N = the most prediction rows of an example
   in the batch, ``DataConfig.num_predict`` or ``ceil(seq_len / partial_k)`` when the sequences are full length):
     - ``input_ids`` (B, T): the text unchanged (XLNet does not corrupt its input), padded with [PAD];
@@ -35,7 +36,8 @@ Plans (``PLANS``: how examples are cut from the corpus; each pretraining objecti
 * ``"packed"`` — RoBERTa FULL-SENTENCES packing, no NSP, token types all 0.
 * ``"segments"`` — SpanBERT: single contiguous segments of one document (the paper's single-sequence training).
 * ``"causal"`` — GPT causal blocks of ``seq_len`` inputs (``seq_len + 1`` tokens with the shifted labels); no
-  masking.
+  masking. ``DataConfig.doc_aligned``: the blocks are cut per document (``instances.DocAlignedBlocks``), at most
+  ``seq_len`` inputs, each row starting at a document start.
 * ``"plm"`` — XLNet: RoBERTa's ``"packed"`` instances (full sentences packed up to ``seq_len`` across documents,
   ``[CLS] ... [SEP] ... [SEP]``, so nearly every sequence is full length, as XLNet's own stream of text cut into
   blocks; no NSP, which XLNet dropped), each made into a permutation-LM example by ``plm_example``: spans of up to
@@ -92,6 +94,7 @@ from lmforge.data.instances import (
     PAIR_PLANS,
     PLANS,
     CausalBlocks,
+    DocAlignedBlocks,
     NspSpec,
     materialize_nsp,
     materialize_pieces,
@@ -312,7 +315,8 @@ class PretrainingData:
         elif plan == "segments":
             self._fixed = plan_segments(self.documents, corpus.sentence_offsets, T)
         elif plan == "causal":
-            self._fixed = CausalBlocks(corpus, T, eos_id=tokenizer.sep_id, documents=self.documents)
+            blocks = DocAlignedBlocks if data_config.doc_aligned else CausalBlocks
+            self._fixed = blocks(corpus, T, eos_id=tokenizer.sep_id, documents=self.documents)
         else:  # "nsp": pairs drawn anew every epoch (or dupe_factor times when static)
             self._fixed = None
         self._plan_cache: tuple[int, Any] | None = None
