@@ -140,6 +140,9 @@ def main() -> None:
         report = fewshot_evaluate(loaded.model, loaded.tokenizer, demos, queries, config, progress=True)
         took = time.perf_counter() - start
         reports[name] = report.to_dict()
+        predictions = reports[name].get("predictions")
+        if isinstance(predictions, dict):  # a few per K are enough to read; all of them make a 2 MB file
+            reports[name]["predictions"] = {k: v[:5] if isinstance(v, list) else v for k, v in predictions.items()}
         png = out_json.with_name(out_json.stem + f"-{scoring}{'-calibrated' if calibrated else ''}.png")
         report.plot(png, title=f"BBC topics from titles, gpt-mini pretrained here: {name}")
         for row in report.rows:
