@@ -74,9 +74,7 @@ class SequenceClassificationHead(nn.Module):
         ``doc_index`` (R,) the document of each row (default: one row per document)."""
         pooled = out.pooled_output  # (R, D)
         if doc_index is not None and self.combine_windows == "sum_states":
-            n_docs = int(doc_index.max()) + 1
-            pooled = pooled.new_zeros(n_docs, pooled.shape[-1]).index_add(0, doc_index, pooled)  # (B, D)
-            doc_index = None
+            pooled, doc_index = sum_rows(pooled, doc_index), None  # (B, D)
         logits = self.classifier(self.dropout(pooled))  # (R, C)
         if doc_index is not None:
             logits = pool_rows(logits, doc_index)  # (B, C)
@@ -129,11 +127,15 @@ class ConcatPoolingClassifierHead(SequenceClassificationHead):
         return super().forward(out._replace(pooled_output=x), labels, doc_index)
 
 
+def sum_rows(rows: Tensor, doc_index: Tensor) -> Tensor:
+    """Sum of the rows of each document: (R, C) with ``doc_index`` (R,) in 0..B-1 -> (B, C)."""
+    return rows.new_zeros(int(doc_index.max()) + 1, rows.shape[-1]).index_add(0, doc_index, rows)
+
+
 def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
     """Mean of the rows of each document: (R, C) with ``doc_index`` (R,) in 0..B-1 -> (B, C)."""
-    n_docs = int(doc_index.max()) + 1
-    sums = row_logits.new_zeros(n_docs, row_logits.shape[-1]).index_add(0, doc_index, row_logits)
-    counts = torch.bincount(doc_index, minlength=n_docs).clamp(min=1).to(row_logits.dtype)
+    sums = sum_rows(row_logits, doc_index)
+    counts = torch.bincount(doc_index, minlength=sums.shape[0]).clamp(min=1).to(row_logits.dtype)
     return sums / counts[:, None]
 
 

@@ -110,13 +110,6 @@ def add_gpt_tokens(tokenizer: Any) -> tuple[Any, list[str]]:
     return tokenizer, missing
 
 
-def document_start_id(tokenizer: Any) -> int | None:
-    """The token a pretrained decoder saw at the start of every document: lmforge's causal-LM stream puts [SEP]
-    there (``lmforge.data.instances.make_causal_blocks``), GPT-2 ``<|endoftext|>`` (its ``bos_id``)."""
-    bos = getattr(tokenizer, "bos_id", None)
-    return bos if bos is not None else getattr(tokenizer, "sep_id", None)
-
-
 def grow_embeddings(backbone: Any, tokenizer: Any, added: list[str]) -> None:
     """Give the tokens ``added`` to ``tokenizer`` rows in ``backbone``'s embeddings (``resize_token_embeddings``):
     [START] copies the document-start token's row, the others start at the mean row (see the module docstring).
@@ -128,7 +121,9 @@ def grow_embeddings(backbone: Any, tokenizer: Any, added: list[str]) -> None:
     old = min(backbone.config.vocab_size, min(tokenizer.vocab[t] for t in added))  # rows trained before
     if tokenizer.vocab_size > backbone.config.vocab_size:  # else spare rows of the table take the new ids
         backbone.resize_token_embeddings(tokenizer.vocab_size)
-    start_from = document_start_id(tokenizer)
+    # the token the pretrained model saw at every document start: [SEP] in lmforge's causal-LM stream, GPT-2's
+    # <|endoftext|> (which its byte-level BPE tokenizer also names sep_id)
+    start_from = getattr(tokenizer, "sep_id", None)
     tables = [backbone.get_input_embeddings().weight]
     if getattr(backbone, "lm_head", None) is not None:
         tables.append(backbone.lm_head.weight)
