@@ -9,7 +9,8 @@ from __future__ import annotations
 
 # models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
 # nn.positional, nn.feedforward.ACTIVATIONS
-ARCHITECTURES = ("encoder", "decoder", "seq2seq", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm", "xlnet")
+ARCHITECTURES = ("encoder", "decoder", "seq2seq", "seq2seq_encoder", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm",
+                 "xlnet")
 # the families sized by the RNN fields (rnn_cell, bidirectional, attention); the Transformer fields (n_heads, d_ff,
 # positional, activation, kernel) do not apply to them (lmforge.models: the ``recurrent`` capability)
 RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq", "elmo")

@@ -91,7 +91,8 @@ def test_architectures_with_lists_the_qualifying_families_in_registry_order():
         found = architectures_with(capability)
         assert found == [n for n in NAMES if getattr(architecture(n), capability)]
     assert architectures_with("generates") == ["decoder", "seq2seq", "rnn_seq2seq", "bilm", "awd_lstm", "xlnet"]
-    assert architectures_with("encodes_text") == ["encoder", "decoder", "rnn", "bilm", "elmo", "awd_lstm", "xlnet"]
+    assert architectures_with("encodes_text") == ["encoder", "decoder", "seq2seq_encoder", "rnn", "bilm", "elmo",
+                                                  "awd_lstm", "xlnet"]
     assert architectures_with("left_context_only") == ["decoder", "awd_lstm"]
     for not_a_capability in ("name", "presets", "flies"):
         with pytest.raises(LmforgeError, match=f"unknown architecture capability '{not_a_capability}'; choose one "

@@ -52,6 +52,7 @@ def run_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from lmforge.embeddings.contextual import embed_texts, parse_layers
+    from lmforge.models import architecture
     from lmforge.models.pretrained import load_pretrained
 
     out = Path(args.out)
@@ -71,6 +72,9 @@ def run_embed(args: argparse.Namespace) -> int:
     loaded = load_pretrained(args.model, with_head=False)
     if loaded.tokenizer is None:
         raise InputFileError(f"{args.model}: no vocab.txt in the model folder; save the model with its tokenizer")
+    family = architecture(loaded.config.arch)
+    if not family.encodes_text and family.finetune_as:  # an encoder-decoder: its encoder alone embeds
+        loaded.model = architecture(family.finetune_as).load().wrap(loaded.model)
     buffer = io.BytesIO()
     if args.word_pooling:
         from lmforge.embeddings.contextual import embed_words

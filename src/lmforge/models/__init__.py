@@ -25,6 +25,7 @@ _WHERE = {
     "Decoder": "lmforge.models.decoder",
     "DecoderOutput": "lmforge.models.decoder",
     "EncoderDecoder": "lmforge.models.seq2seq",
+    "SourceEncoder": "lmforge.models.seq2seq",
     "RNNEncoder": "lmforge.models.rnn_encoder",
     "RNNSeq2Seq": "lmforge.models.rnn_seq2seq",
     "AWDLSTM": "lmforge.models.awd_lstm",
@@ -128,7 +129,13 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
                  hf_export="gpt2"),
     Architecture("seq2seq", "lmforge.models.seq2seq", "EncoderDecoder", "Transformer encoder-decoder",
                  presets="transformer-*", generates=True, has_encoder_decoder=True, position_limited=True,
-                 returns_attention=True),
+                 returns_attention=True, finetune_as="seq2seq_encoder"),
+    # the encoder stack of an encoder-decoder alone (a BART-style denoiser's encoder under task heads): built by
+    # SourceEncoder.wrap from a seq2seq folder; its pooled output is the mean over the real tokens
+    Architecture("seq2seq_encoder", "lmforge.models.seq2seq", "SourceEncoder",
+                 "the encoder of a Transformer encoder-decoder, alone (fine-tuning heads, embeddings)",
+                 presets="transformer-*, bart-* (an encoder-decoder folder)", encodes_text=True,
+                 has_pooled_output=True, position_limited=True, returns_attention=True),
     Architecture("rnn", "lmforge.models.rnn_encoder", "RNNEncoder",
                  "bidirectional RNN encoder with attention pooling (a classifier backbone)",
                  presets="rnn-attn", encodes_text=True, has_pooled_output=True, recurrent=True,

@@ -10,6 +10,9 @@ The forward pass, top to bottom:
                  cross-attention to memory with the src padding mask)
                  [-> decoder_norm, pre-LN only]  -> y E_tgt^T (tied) or lm_head(y)           logits (B, T, V)
 
+``SourceEncoder`` is the encoder stack alone (family ``seq2seq_encoder``): what fine-tuning puts task heads on when
+given an encoder-decoder folder (a BART-style model pretrained with ``lmforge pretrain --objective denoise``).
+
 Masks at this boundary are (B, length) with 1 = real token, 0 = padding: ``src_mask`` (B, S) over the source,
 ``tgt_mask`` (B, P + T) over the whole target so far (cached positions plus the new ones).
 
@@ -19,6 +22,7 @@ This is a model file: it imports ``lmforge.nn`` only, never another file in ``lm
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch.nn.functional as F
@@ -37,9 +41,10 @@ from lmforge.nn import (
     check_input_ids,
     key_padding_mask,
     positions_from_mask,
+    select_layers,
 )
 
-__all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput"]
+__all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput", "SourceEncoder", "SourceEncoderOutput"]
 
 
 class Seq2SeqCache(StackCache):
@@ -330,3 +335,133 @@ class EncoderDecoder(nn.Module):
         if not isinstance(cache, Seq2SeqCache):
             raise LmforgeError(f"cache must be a Seq2SeqCache (model.new_cache()); got {type(cache).__name__}")
         return cache.prepare(len(self.decoder_layers), B, rows="tgt_ids", also_reorder=" and the memory")
+
+
+# --------------------------------------------------------------------------------------------- the encoder alone
+class SourceEncoderOutput(NamedTuple):
+    """What ``SourceEncoder.forward`` returns (the fields of ``lmforge.models.encoder.EncoderOutput``).
+
+    Attributes:
+        last_hidden_state: (B, T, D) the encoder's output (after ``encoder_norm`` in pre-LN mode): the memory the
+            decoder would attend to.
+        pooled_output: (B, D) the mean of ``last_hidden_state`` over the real tokens (see ``SourceEncoder``).
+        hidden_states: with ``output_hidden_states``, L_e + 1 tensors (B, T, D): the embeddings output, then each
+            layer's (the last one equals ``last_hidden_state``); else None.
+        attentions: with ``output_attentions``, L_e entries, (B, H, T, T) for each requested layer, else None.
+    """
+
+    last_hidden_state: Tensor
+    pooled_output: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor | None, ...] | None = None
+
+
+class SourceEncoder(nn.Module):
+    """The encoder stack of an ``EncoderDecoder``, alone: a text encoder for fine-tuning heads and embeddings.
+
+    BART (Lewis et al. 2020, section 3) fine-tunes classification by feeding the text to both stacks and reading
+    the decoder's final token; here the encoder alone carries the task, as T5's encoder does in Sentence-T5
+    (Ni et al. 2022), so a task model is half the size and reads the whole text in both directions. Built from a
+    trained model by ``SourceEncoder.wrap(encoder_decoder)``, which copies the source embedding, the source
+    positions, the encoder layers and (pre-LN) the final encoder LayerNorm; the decoder is dropped.
+
+    ``pooled_output`` is the mean of the final states over the real tokens. Deviation: BERT's pooler reads [CLS],
+    whose state a denoising objective never trains to summarise the text (there is no next-sentence task); the
+    mean is the representation Sentence-T5 found best for an encoder trained without one. ``token_type_ids`` are
+    accepted and ignored (the encoder-decoder has no segment embedding).
+
+    State-dict keys: ``embedding.weight``, ``src_position.weight`` (learned positions only), ``encoder_layers.{l}.*``
+    and ``encoder_norm.*`` (pre-LN only): ``EncoderDecoder``'s names for the same modules.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        """
+        Args:
+            config: a ``ModelConfig`` with ``arch="seq2seq_encoder"``; the decoder's fields are ignored.
+        """
+        super().__init__()
+        if config.arch != "seq2seq_encoder":
+            raise LmforgeError(f"SourceEncoder needs a config with arch='seq2seq_encoder'; got arch={config.arch!r} "
+                               "(build one from an encoder-decoder with SourceEncoder.wrap)")
+        assert config.d_ff is not None
+        self.config = config
+        D = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, D)
+        src = build_positional(config.positional, d_model=D, d_head=config.d_head, max_len=config.max_seq_len)
+        self.src_position: nn.Module | None = src.table
+        self.rotary: RotaryEmbedding | None = src.rotary
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
+                         attention_dropout=config.attention_dropout, activation=config.activation,
+                         norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
+                         rotary=self.rotary)
+            for _ in range(config.n_layers))
+        self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.reset_parameters()
+
+    # the encoder-decoder's own initialisation, embedding and mask handling, on the same attribute names
+    reset_parameters = EncoderDecoder.reset_parameters
+    _embed = EncoderDecoder._embed
+    _mask_and_positions = EncoderDecoder._mask_and_positions
+    _check_length = EncoderDecoder._check_length
+
+    @classmethod
+    def wrap(cls, model: EncoderDecoder, **options: object) -> SourceEncoder:
+        """The encoder of ``model`` (its weights copied), with ``options`` overriding config fields (dropouts)."""
+        from lmforge.config import from_dict, to_dict
+
+        if not isinstance(model, EncoderDecoder):
+            raise LmforgeError(f"SourceEncoder.wrap takes an EncoderDecoder; got {type(model).__name__}")
+        config = from_dict(ModelConfig, {**to_dict(model.config), **options, "arch": "seq2seq_encoder"},
+                           where="the encoder of an encoder-decoder")
+        encoder = cls(config)
+        state = {"embedding.weight": model.src_embed.weight}
+        state.update({k: v for k, v in model.state_dict().items()
+                      if k.startswith(("src_position.", "encoder_layers.", "encoder_norm."))})
+        encoder.load_state_dict(state)
+        return encoder
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                output_hidden_states: bool = False,
+                output_attentions: bool | Sequence[int] = False) -> SourceEncoderOutput:
+        """
+        Args:
+            input_ids: (B, T) token ids in [0, V).
+            attention_mask: (B, T) 1 = real token, 0 = padding (left or right); default all real.
+            token_type_ids: accepted and ignored.
+            output_hidden_states: also return the embeddings output and every layer's output.
+            output_attentions: True for every layer's attention weights, or a sequence of layer indices.
+
+        Returns:
+            SourceEncoderOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions).
+        """
+        check_flag(output_hidden_states, "output_hidden_states")
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        self._check_length(T, 0, "input")
+        wanted = select_layers(output_attentions, len(self.encoder_layers))
+        mask, positions = self._mask_and_positions(attention_mask, B, T, 0, "attention_mask")  # (B, T) | None
+        x = self._embed(self.embedding, self.src_position, input_ids, 0, positions)  # (B, T, D)
+        hidden_states = [x] if output_hidden_states else None
+        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        for i, layer in enumerate(self.encoder_layers):
+            out = layer(x, attention_mask=mask, need_weights=i in wanted)
+            x = out.hidden  # (B, T, D)
+            if hidden_states is not None:
+                hidden_states.append(x)
+            if attentions is not None:
+                attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        if hidden_states is not None:
+            hidden_states[-1] = x
+        if mask is None:
+            pooled = x.mean(1)  # (B, D)
+        else:
+            weights = mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
+            pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+        return SourceEncoderOutput(x, pooled, None if hidden_states is None else tuple(hidden_states),
+                                   None if attentions is None else tuple(attentions))

@@ -306,6 +306,8 @@ def _rnn_encoder(model, tokenizer, text, pair, layers, heads, max_length) -> lis
 
 # The collectors read each family's own modules (``decoder_layers``, ``src_embed``, the pooling weights...), so this
 # table is keyed on the concrete family; which families qualify is the registry's ``returns_attention``.
-_COLLECTORS = {"encoder": _encoder, "decoder": _decoder, "seq2seq": _encoder_decoder, "rnn": _rnn_encoder,
+_COLLECTORS = {"encoder": _encoder, "decoder": _decoder, "seq2seq": _encoder_decoder,
+               "seq2seq_encoder": _encoder,  # an encoder-decoder's encoder alone reads its input as BERT does
+               "rnn": _rnn_encoder,
                "rnn_seq2seq": _rnn_seq2seq, "elmo": _rnn_encoder,  # ELMo's task BiLSTM pools like the RNN encoder
                "xlnet": _xlnet}
