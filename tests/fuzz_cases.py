@@ -81,8 +81,8 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     """Small valid inputs for every command, under ``root``; {name: path}. About 10-20 s (three tiny trainings)."""
     import torch
 
-    from lmforge.config import ModelConfig
-    from lmforge.models import Decoder
+    from lmforge.config import ModelConfig, model_config_from_preset
+    from lmforge.models import Decoder, EncoderDecoder
     from lmforge.models.pretrained import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
     from tests.toy_tasks import (
@@ -116,6 +116,10 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     gpt = ModelConfig(arch="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
                       max_seq_len=32, dropout=0.0, attention_dropout=0.0, norm_first=True, type_vocab_size=0)
     fx["gpt"] = save_pretrained(Decoder(gpt), root / "gpt", tokenizer=tokenizer)
+    torch.manual_seed(0)
+    bart = model_config_from_preset("bart-tiny", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                                    n_decoder_layers=1, d_ff=32, max_seq_len=32, dropout=0.0)
+    fx["seq2seq"] = save_pretrained(EncoderDecoder(bart), root / "seq2seq", tokenizer=tokenizer)
     # labelled data
     fx["train.csv"] = write_sequence(root / "train.csv", 20, 1)
     fx["dev.csv"] = write_sequence(root / "dev.csv", 8, 2)
@@ -223,6 +227,12 @@ SPECS: list[Spec] = [
          Output("--out", "run", True),
          ("--preset", "bert-tiny", "--objective", "mlm", "--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
           *TINY_BERT)),
+    Spec("pretrain", (Input("--data", "data", "data"),), Output("--out", "run", True),
+         ("--preset", "electra-tiny", "--objective", "electra", "--max-steps", "2", "--batch-size", "4", "--seq-len",
+          "32", *TINY_BERT), variant="electra"),
+    Spec("pretrain", (Input("--data", "data", "data"),), Output("--out", "run", True),
+         ("--preset", "bart-tiny", "--objective", "denoise", "--max-steps", "2", "--batch-size", "4", "--seq-len",
+          "32", *TINY_BERT, "--model.n_decoder_layers=1"), variant="denoise"),
     Spec("distill", (Input("--teacher", "encoder", "model"), Input("--data", "data", "data")),
          Output("--out", "dist", True), ("--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
                                          "--train.log_every=1"),
@@ -251,6 +261,10 @@ SPECS: list[Spec] = [
          Output("--out", "ft", True),
          ("--task", "sequence", "--max-steps", "2", "--batch-size", "8", "--max-length", "32", "--train.log_every=1"),
          variant="gpt"),
+    Spec("finetune", (Input("--model", "seq2seq", "seq2seq"), Input("--train", "train.csv", "csv")),
+         Output("--out", "ft", True),
+         ("--task", "sequence", "--max-steps", "2", "--batch-size", "8", "--max-length", "32", "--train.log_every=1"),
+         variant="seq2seq"),
     Spec("fewshot", (Input("--model", "gpt", "gpt"), Input("--train", "train.csv", "csv"),
                      Input("--test", "dev.csv", "csv-eval")),
          Output("--out", "fs", True), ("--shots", "0,1", "--draws", "1", "--template", "{text} is {label}")),
@@ -287,7 +301,7 @@ SPECS: list[Spec] = [
     Spec("convert", (Input("--to-hf", "encoder", "model"),), Output("--out", "hf", True)),
     Spec("convert", (Input("--from-hf", "hf-bert", "hf-model"),), Output("--out", "ours", True), variant="from-hf"),
 ]
-DIR_KINDS = {"model", "classifier", "gpt", "hf-model", "tokenizer", "data", "run"}
+DIR_KINDS = {"model", "classifier", "gpt", "seq2seq", "hf-model", "tokenizer", "data", "run"}
 # Fixtures a command needs beside its argv (paths inside the compare recipe are relative to the case folder).
 SUPPORT = {"compare": ("train.csv", "tokenizer")}
 
@@ -606,6 +620,7 @@ ANALOGIES = {
 }
 MALFORMED: dict[str, dict[str, Mutate | None]] = {
     "model": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB}, "gpt": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB},
+    "seq2seq": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB},
     "classifier": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB, **HEAD}, "hf-model": {**HF_CONFIG, **WEIGHTS, **VOCAB},
     "tokenizer": VOCAB, "data": DATA, "run": RUN, "csv": CSV_TRAIN, "csv-eval": CSV_EVAL,
     "csv-unlabelled": CSV_UNLABELLED, "conll": CONLL, "squad": SQUAD, "choice": CHOICE, "jsonl": JSONL_PAIRS,
