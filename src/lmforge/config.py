@@ -621,6 +621,8 @@ class TrainConfig:
     stlr_cut_frac: float = 0.1  # schedule slanted_triangular (ULMFiT eq. 3): the fraction of steps that increase
     stlr_ratio: float = 32.0  # ... and how much smaller the lowest lr is than the peak
     max_grad_norm: float = 1.0
+    # fp32; bf16 (autocast); auto: bf16 only where the device runs it natively and measurably faster for this model
+    # (lmforge.training.precision), decided once per run and kept on resume
     precision: str = "fp32"
     eval_every: int | None = None  # None: derived by the recipe (fine-tuning: every epoch; else 0 = off)
     eval_batches: int = 20

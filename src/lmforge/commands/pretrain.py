@@ -56,7 +56,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=Count(8, 1_000_000))
     p.add_argument("--masking", choices=MASKINGS)
     p.add_argument("--lr", type=LEARNING_RATE)
-    p.add_argument("--precision", choices=PRECISIONS)
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="fp32 (default); bf16 autocast; auto: bf16 only where this device runs it natively and a "
+                        "measurement at the model's width shows it faster, else fp32 (decided once, kept on resume)")
     p.add_argument("--save-every", type=Count(0))
     p.add_argument("--eval-every", type=Count(0))
     p.add_argument("--seed", type=SEED)

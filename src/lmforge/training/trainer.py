@@ -266,6 +266,25 @@ class Trainer:
         # Checked here, so that a bad choice fails before any work; the folder itself is changed in fit().
         self.resume_from = self._plan_out_dir(resume, overwrite)
         self._state = self._load_checkpoint(self.resume_from) if self.resume_from else None
+        self.precision = self._choose_precision()  # "fp32" or "bf16": what "auto" resolved to, kept on resume
+
+    def _choose_precision(self) -> str:
+        """``config.precision`` as trained: "auto" decided once by rank 0 (``lmforge.training.precision``), or the
+        decision saved in the checkpoint this run resumes from."""
+        from lmforge.training.precision import resolve_precision
+
+        saved = (self._state or {}).get("precision")
+        if saved in ("fp32", "bf16"):
+            if self.config.precision == "auto" and self.dist.is_main:
+                log.info("precision auto: %s, as decided when this run started (saved in its checkpoint)", saved)
+            return saved
+        width = self.model_config.d_model if self.model_config is not None else 256
+        d_ff = self.model_config.d_ff if self.model_config is not None else None
+        choice = self._on_main(lambda: resolve_precision(self.config.precision, self.device, d_model=width,
+                                                         d_ff=d_ff))
+        if self.config.precision == "auto" and self.dist.is_main:
+            log.info("precision %s (%s)", choice.precision, choice.reason)
+        return choice.precision
 
     # Saved and restored as a whole by checkpoints: each gives and takes its own state (lmforge.training.state).
     def stateful_components(self) -> dict[str, Stateful]:
@@ -370,7 +389,7 @@ class Trainer:
             self._write_run_config()
             if self.device.type == "cpu":
                 for level, hint in ((logging.INFO, allocator_hint()),
-                                    (logging.WARNING, cpu_bf16_hint() if cfg.precision == "bf16" else None)):
+                                    (logging.WARNING, cpu_bf16_hint() if self.precision == "bf16" else None)):
                     if hint:
                         log.log(level, hint)
         self._forward_model = dist.wrap_model(self._forward_model, self.dist, self.device)
@@ -427,7 +446,7 @@ class Trainer:
                            "micro-batch in this process's shard)")
 
     def _autocast(self) -> torch.autocast:
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
@@ -639,7 +658,7 @@ class Trainer:
             components["progress"]["elapsed_s"] = self._elapsed()  # the time trained so far, this session included
             state = {"step": self.step, "world_size": self.dist.world_size, "components": components,
                      "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
-                     "run_kind": self.run_kind,
+                     "run_kind": self.run_kind, "precision": self.precision,
                      "model_config": to_dict(self.model_config) if self.model_config else None}
             ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
                                  head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)
