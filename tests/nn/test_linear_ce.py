@@ -1,0 +1,107 @@
+"""The chunked vocabulary projection + cross-entropy (lmforge.nn.linear_ce) against autograd through the plain
+F.linear + F.cross_entropy, and the causal LM objective's fused path against its logits path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmforge.config import ModelConfig
+from lmforge.models import Decoder
+from lmforge.nn.linear_ce import linear_cross_entropy
+from lmforge.objectives.causal_lm import CausalLMObjective
+
+
+def reference(hidden, weight, labels):
+    logits = F.linear(hidden, weight)
+    scores = logits.float() if logits.dtype == torch.bfloat16 else logits  # fp64 stays fp64
+    loss = F.cross_entropy(scores, labels, ignore_index=-100, reduction="sum")
+    correct = ((logits.argmax(-1) == labels) & (labels != -100)).sum()
+    return loss, correct
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, 1000])
+def test_loss_count_and_gradients_equal_autograd_through_the_plain_path(chunk_rows):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(53, 12, dtype=torch.float64, generator=g)
+    weight = torch.randn(29, 12, dtype=torch.float64, generator=g)
+    labels = torch.randint(0, 29, (53,), generator=g)
+    labels[::5] = -100
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss, correct = linear_cross_entropy(h1, w1, labels, chunk_rows=chunk_rows)
+    (0.37 * loss).backward()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref_loss, ref_correct = reference(h2, w2, labels)
+    (0.37 * ref_loss).backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-10)
+    assert int(correct) == int(ref_correct) and not correct.requires_grad
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
+    assert float(h1.grad[::5].abs().max()) == 0.0  # ignored rows get no gradient
+
+
+def test_only_what_requires_grad_gets_one_and_no_grad_mode_computes_none():
+    hidden, weight = torch.randn(10, 4), torch.randn(6, 4, requires_grad=True)
+    labels = torch.randint(0, 6, (10,))
+    loss, _ = linear_cross_entropy(hidden, weight, labels, chunk_rows=3)
+    loss.backward()
+    ref_w = weight.detach().clone().requires_grad_()
+    reference(hidden, ref_w, labels)[0].backward()
+    torch.testing.assert_close(weight.grad, ref_w.grad)
+    with torch.no_grad():
+        loss, correct = linear_cross_entropy(hidden, weight, labels)
+    torch.testing.assert_close(loss, reference(hidden, weight.detach(), labels)[0])
+    assert not loss.requires_grad
+
+
+def test_bf16_autocast_stays_close_to_the_plain_autocast_path():
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(40, 16, generator=g)
+    weight = torch.randn(50, 16, generator=g) * 0.2
+    labels = torch.randint(0, 50, (40,), generator=g)
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = linear_cross_entropy(h1, w1, labels, chunk_rows=16)
+        ref, _ = reference(h2, w2, labels)
+    loss.backward()
+    ref.backward()
+    assert loss.dtype == torch.float32 and w1.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=1e-1)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=5e-2, atol=5e-2)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match=r"hidden \(N, D\), weight \(V, D\) and labels \(N,\)"):
+        linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 2), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk_rows must be positive"):
+        linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 3), torch.zeros(4, dtype=torch.long), chunk_rows=0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_causal_lm_objective_gives_the_same_loss_and_gradients_fused_or_not(tie):
+    config = ModelConfig(arch="decoder", vocab_size=37, d_model=16, n_heads=2, n_layers=2, d_ff=32, max_seq_len=16,
+                         dropout=0.0, attention_dropout=0.0, norm_first=True, tie_embeddings=tie)
+    torch.manual_seed(0)
+    fused_model = Decoder(config)
+    plain_model = Decoder(config)
+    plain_model.load_state_dict(fused_model.state_dict())
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(4, 37, (3, 9), generator=g)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[2, 6:] = 0
+    labels = torch.roll(ids, -1, 1).masked_fill(mask == 0, -100)
+    labels[:, -1] = -100
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    fused = CausalLMObjective()(fused_model, batch)
+    plain = CausalLMObjective(fused=False)(plain_model, batch)
+    torch.testing.assert_close(fused.losses["lm"][0], plain.losses["lm"][0], rtol=1e-5, atol=1e-5)
+    assert fused.losses["lm"][1] == plain.losses["lm"][1] == int((labels != -100).sum())
+    assert int(fused.metrics["lm_accuracy"][0]) == int(plain.metrics["lm_accuracy"][0])
+    fused.losses["lm"][0].backward()
+    plain.losses["lm"][0].backward()
+    grads = dict(plain_model.named_parameters())
+    for name, p in fused_model.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
