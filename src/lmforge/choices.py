@@ -44,6 +44,7 @@ XLNET_ATTN_TYPES = ("bi", "uni")
 # slanted_triangular: ULMFiT's STLR (Howard & Ruder 2018, eq. 3)
 SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt", "slanted_triangular")
 PRECISIONS = ("fp32", "bf16", "auto")  # auto: lmforge.training.precision
+PARALLELS = ("ddp", "fsdp")  # TrainConfig.parallel: how several processes spread the model
 # adamw: decoupled weight decay (Loshchilov & Hutter 2019); lamb: LAMB (You et al. 2020), layer-wise trust ratios
 OPTIMIZERS = ("adamw", "lamb")
 

@@ -32,6 +32,7 @@ from lmforge.choices import (
     MASKINGS,
     NON_TRANSFORMER_ARCHITECTURES,
     OPTIMIZERS,
+    PARALLELS,
     POSITIONALS,
     PRECISIONS,
     RECURRENT_ARCHITECTURES,
@@ -632,9 +633,14 @@ class TrainConfig:
     seed: int = 0
     tensorboard: bool = False
     device: str = "auto"
+    # several processes (torchrun): ddp replicates the model, fsdp shards parameters, gradients and optimizer state
+    # (FSDP2; lmforge.training.distributed); ignored in a single process
+    parallel: str = "ddp"
 
     def __post_init__(self) -> None:
         problems = []
+        if self.parallel not in PARALLELS:
+            problems.append(f"parallel={self.parallel!r} is not one of {', '.join(PARALLELS)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer={self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.schedule not in SCHEDULES:

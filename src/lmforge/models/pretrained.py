@@ -70,7 +70,7 @@ def dedupe_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 
 def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelConfig | None = None,
                     head: dict[str, Any] | None = None, tokenizer: Any | None = None,
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` (a backbone, or a ``TaskModel``) into ``directory`` atomically, file by file.
 
     Args:
@@ -78,6 +78,8 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelCon
         head: how to rebuild the head of a ``TaskModel`` (``{"type": ..., options}``, see ``lmforge.heads``).
         tokenizer: written beside the weights when given (anything with ``save_pretrained(dir, overwrite=)``).
         overwrite: replace a model already in the folder.
+        state_dict: the weights to write instead of ``model.state_dict()`` (e.g. a sharded model's gathered state,
+            tied names aliasing one tensor).
 
     Raises:
         LmforgeError: the folder already holds a model and ``overwrite`` is false.
@@ -89,7 +91,7 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelCon
         head = getattr(model.head, "head_config", None)
         if head is None:
             raise LmforgeError("this TaskModel's head does not describe itself; pass head={'type': ...}")
-    tensors, tied = dedupe_tied(model.state_dict())
+    tensors, tied = dedupe_tied(model.state_dict() if state_dict is None else state_dict)
     atomic_write_bytes(directory / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
     payload = {"format": "lmforge", "format_version": FORMAT_VERSION, "lmforge_version": __version__,
                "model": to_dict(config), "head": head, "tied": tied}

@@ -165,17 +165,20 @@ def writing(target: Path, cleanup: Path | None = None) -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------------------------ model
 def save_model(model: nn.Module, directory: str | Path, *, model_config: ModelConfig | None = None,
-               head: dict[str, Any] | None = None, tokenizer: Any | None = None) -> None:
+               head: dict[str, Any] | None = None, tokenizer: Any | None = None,
+               state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """Write the weights of ``model`` (a plain module) into ``directory``, replacing what is there.
 
     With a ModelConfig this is ``save_pretrained`` (config.json + model.safetensors + tokenizer files), a folder
     that ``load_pretrained`` reads. Without one (e.g. a word2vec model) only ``model.safetensors`` is written; its
-    metadata records the tied weights.
+    metadata records the tied weights. ``state_dict``: the weights to write instead of ``model.state_dict()`` (a
+    sharded model's gathered state).
     """
     if model_config is not None:
-        save_pretrained(model, directory, config=model_config, head=head, tokenizer=tokenizer, overwrite=True)
+        save_pretrained(model, directory, config=model_config, head=head, tokenizer=tokenizer, overwrite=True,
+                        state_dict=state_dict)
         return
-    tensors, tied = dedupe_tied(model.state_dict())
+    tensors, tied = dedupe_tied(model.state_dict() if state_dict is None else state_dict)
     atomic_write_bytes(Path(directory) / WEIGHTS_NAME,
                        save(tensors, metadata={"format": "pt", "tied": json.dumps(tied)}))
     if tokenizer is not None:
@@ -209,16 +212,27 @@ def promote_model(source: str | Path, target: str | Path) -> None:
     shutil.rmtree(source, ignore_errors=True)
 
 
-def load_model(model: nn.Module, directory: str | Path) -> None:
-    """Load weights written by ``save_model`` into ``model`` in place (keys and shapes are checked by name)."""
-    directory = Path(directory)
+def _read_weights_and_ties(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     tensors = read_weights(directory / WEIGHTS_NAME)
     if (directory / CONFIG_NAME).is_file():
         tied = read_config(directory).get("tied", {})
     else:
         with safe_open(str(directory / WEIGHTS_NAME), framework="pt") as f:
             tied = json.loads((f.metadata() or {}).get("tied", "{}"))
+    return tensors, tied
+
+
+def load_model(model: nn.Module, directory: str | Path) -> None:
+    """Load weights written by ``save_model`` into ``model`` in place (keys and shapes are checked by name)."""
+    directory = Path(directory)
+    tensors, tied = _read_weights_and_ties(directory)
     load_state(model, tensors, tied, str(directory / WEIGHTS_NAME))
+
+
+def read_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The full state dict written by ``save_model``, every tied name present (what a sharded model loads)."""
+    tensors, tied = _read_weights_and_ties(Path(directory))
+    return {**tensors, **{alias: tensors[kept] for alias, kept in tied.items() if kept in tensors}}
 
 
 # ------------------------------------------------------------------------------------------------------ RNG
@@ -282,7 +296,8 @@ def check_plain(value: Any, where: str) -> None:
 
 def save_checkpoint(out_dir: str | Path, step: int, model: nn.Module, state: dict[str, Any], *,
                     model_config: ModelConfig | None = None, head: dict[str, Any] | None = None,
-                    tokenizer: Any | None = None, keep_last: int = 0) -> Path:
+                    tokenizer: Any | None = None, keep_last: int = 0,
+                    state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``out_dir/checkpoints/step-<step>`` atomically (rank 0 only) and prune old checkpoints.
 
     Args:
@@ -299,7 +314,7 @@ def save_checkpoint(out_dir: str | Path, step: int, model: nn.Module, state: dic
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     with writing(final, cleanup=tmp):
-        save_model(model, tmp, model_config=model_config, head=head, tokenizer=tokenizer)
+        save_model(model, tmp, model_config=model_config, head=head, tokenizer=tokenizer, state_dict=state_dict)
         with atomic_open(tmp / STATE_NAME, "wb") as f:
             torch.save({"format": STATE_FORMAT, "version": STATE_VERSION, **state}, f)
         _fsync_dir(tmp)

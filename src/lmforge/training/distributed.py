@@ -14,6 +14,15 @@ e.g. node 0's address; the checkpoint folder must be on a file system that every
         -m lmforge pretrain ...
 
 The backend is gloo on CPU and nccl on CUDA (each process uses the GPU ``cuda:LOCAL_RANK``).
+
+Two ways to spread the model (``TrainConfig.parallel``):
+
+- ``ddp`` (default): every process holds the whole model; gradients are all-reduced (``DistributedDataParallel``).
+- ``fsdp``: FSDP2 (``torch.distributed.fsdp.fully_shard``): each process holds 1/N of every parameter, gradient and
+  optimizer state; each layer of every ``*layers`` stack is one unit, gathered just before it runs and freed after,
+  the rest of the model (embeddings, heads) is the root unit. For models that do not fit one device. Checkpoints
+  and saved models are gathered: the same files as a ``ddp`` or single-process run (``gather_model_state``,
+  ``gather_optimizer_state``), so a checkpoint resumes exactly and a saved model loads anywhere.
 """
 
 from __future__ import annotations
@@ -153,9 +162,103 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 @contextlib.contextmanager
 def maybe_no_sync(model: nn.Module, skip_sync: bool) -> Iterator[None]:
-    """Inside, DDP does not all-reduce gradients (accumulation micro-steps but the last)."""
+    """Inside, DDP does not all-reduce gradients, nor FSDP reduce-scatter them (accumulation micro-steps but the
+    last)."""
     if skip_sync and isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield
+    elif skip_sync and is_sharded(model):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
     else:
         yield
+
+
+# ------------------------------------------------------------------------------------------------------- FSDP2
+def is_sharded(model: nn.Module) -> bool:
+    """``model`` was sharded by ``shard_model`` (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def shard_model(model: nn.Module, info: DistInfo) -> dict[str, str]:
+    """Shard ``model`` in place with FSDP2: each layer of every ``ModuleList`` whose name ends in ``layers`` is one
+    unit, then the root. Call it before building the optimizer (the parameters become DTensors).
+
+    Returns:
+        The model's tied parameters, ``{alias: kept name}`` (as ``lmforge.models.pretrained.dedupe_tied``), which a
+        gathered state dict no longer shows by identity; ``gather_model_state`` restores them.
+
+    Raises:
+        LmforgeError: not several processes, or this torch has no ``fully_shard``.
+    """
+    if not info.distributed:
+        raise LmforgeError("parallel=fsdp shards the model over processes; launch with torchrun --nproc-per-node N "
+                           "(N >= 2), or use the default parallel=ddp")
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as err:  # torch < 2.6
+        raise LmforgeError(f"parallel=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this torch is "
+                           f"{torch.__version__}: upgrade it or use parallel=ddp") from err
+    from lmforge.models.pretrained import dedupe_tied
+
+    _, tied = dedupe_tied(model.state_dict())
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.split(".")[-1].endswith("layers"):
+            for layer in module:
+                fully_shard(layer)
+    fully_shard(model)
+    return tied
+
+
+def gather_model_state(model: nn.Module, tied: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The full state dict of a sharded model on rank 0 (on the CPU; tied names alias one tensor again), ``{}`` on
+    the other ranks. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if state:
+        for alias, kept in tied.items():
+            if kept in state:
+                state[alias] = state[kept]
+    return state
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (every rank passes the same one) into a sharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+class GatheredOptimizerState:
+    """The optimizer of a sharded model as a checkpoint component: ``state_dict()`` gathers the full state (keyed by
+    parameter names; every rank must call it, rank 0 gets it, the others ``{}``), ``load_state_dict`` shards a full
+    one back."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def all_min(value: int, info: DistInfo, device: torch.device) -> int:
+    """The smallest ``value`` over all processes (``device``: where the backend reduces, cuda for nccl)."""
+    if not info.distributed:
+        return value
+    box = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN)
+    return int(box.item())

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -252,7 +253,11 @@ class Trainer:
         self.model_config = model_config or _find_model_config(self.model)
         # a TaskModel's head describes itself (lmforge.heads.build_head); an explicit head= still wins
         self.head = head if head is not None else getattr(getattr(self.model, "head", None), "head_config", None)
+        # FSDP2: shard before the optimizer sees the parameters; its tied names, which gathered states must restore
+        self._tied = self._shard() if config.parallel == "fsdp" else None
         self.optimizer = build_optimizer(self.model, config, lr_scales)
+        self._optimizer_state = self.optimizer if self._tied is None else \
+            dist.GatheredOptimizerState(self.model, self.optimizer)
         self.scheduler = build_scheduler(self.optimizer, config)
         self.progress_state = Progress()
         self._batches: Iterator[dict[str, Tensor]] | None = None
@@ -267,6 +272,24 @@ class Trainer:
         self.resume_from = self._plan_out_dir(resume, overwrite)
         self._state = self._load_checkpoint(self.resume_from) if self.resume_from else None
         self.precision = self._choose_precision()  # "fp32" or "bf16": what "auto" resolved to, kept on resume
+
+    def _shard(self) -> dict[str, str] | None:
+        """``parallel = "fsdp"``: shard the model over the processes (None in a single process: nothing to shard)."""
+        if not self.dist.distributed:
+            log.warning("parallel=fsdp in a single process: nothing to shard, training the whole model here")
+            return None
+        if self._forward_model is not self.model:
+            raise LmforgeError("parallel=fsdp shards the model itself; pass the plain module, not a compiled or "
+                               "DDP-wrapped one")
+        return dist.shard_model(self.model, self.dist)
+
+    @property
+    def _sharded(self) -> bool:
+        return self._tied is not None
+
+    def _gathered_state(self) -> dict[str, Tensor] | None:
+        """A sharded model's full state dict (rank 0; every rank must call this), None when not sharded."""
+        return dist.gather_model_state(self.model, self._tied) if self._tied is not None else None
 
     def _choose_precision(self) -> str:
         """``config.precision`` as trained: "auto" decided once by rank 0 (``lmforge.training.precision``), or the
@@ -288,7 +311,7 @@ class Trainer:
 
     # Saved and restored as a whole by checkpoints: each gives and takes its own state (lmforge.training.state).
     def stateful_components(self) -> dict[str, Stateful]:
-        return {"optimizer": self.optimizer, "scheduler": self.scheduler, "progress": self.progress_state,
+        return {"optimizer": self._optimizer_state, "scheduler": self.scheduler, "progress": self.progress_state,
                 "best": self.tracker, **self.callbacks}
 
     # The loop reads and writes the run's progress under these names.
@@ -354,7 +377,10 @@ class Trainer:
             raise LmforgeError(f"cannot resume from {path}: these settings differ from the checkpoint: "
                                f"{'; '.join(problems)}. Only {', '.join(RESUMABLE_CHANGES)} may change on resume; "
                                "start a new run (another out_dir or --overwrite) to change the others")
-        ckpt.load_model(self.model, path)
+        if self._sharded:
+            dist.load_model_state(self.model, ckpt.read_model_state(path))
+        else:
+            ckpt.load_model(self.model, path)
         for name, component in self.stateful_components().items():
             component.load_state_dict(state["components"][name])
         self._apply_schedule()
@@ -392,7 +418,8 @@ class Trainer:
                                     (logging.WARNING, cpu_bf16_hint() if self.precision == "bf16" else None)):
                     if hint:
                         log.log(level, hint)
-        self._forward_model = dist.wrap_model(self._forward_model, self.dist, self.device)
+        if not self._sharded:  # a sharded model synchronises itself
+            self._forward_model = dist.wrap_model(self._forward_model, self.dist, self.device)
         metrics = MetricsLog(self.out_dir, enabled=main, tensorboard=cfg.tensorboard,
                              purge_step=self.step + 1 if self._state else None)
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
@@ -544,6 +571,10 @@ class Trainer:
         if not params:
             raise LmforgeError("no parameter received a gradient; does the objective call model(...) and return "
                                "losses that depend on it?")
+        if self._sharded:  # DTensor gradients: the norm is a partial sum until gathered
+            norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm if self.config.max_grad_norm > 0
+                                                  else math.inf)
+            return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if self.config.max_grad_norm > 0:
             return float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
         norms = torch.stack([torch.linalg.vector_norm(p.grad.detach().float()) for p in params])
@@ -579,8 +610,12 @@ class Trainer:
         self.model.eval()
         sums: dict[str, list[Any]] = {}  # "loss/<term>" and metric names -> [sum, count]
         try:
+            batches: Any = self.eval_data.batches(self.micro_batch_size)
+            if self._sharded:  # every process must run the same number of (collective) forward passes
+                batches = list(itertools.islice(batches, self.config.eval_batches))
+                batches = batches[:dist.all_min(len(batches), self.dist, self.device)]
             with torch.no_grad(), self._autocast():
-                for i, batch in enumerate(self.eval_data.batches(self.micro_batch_size)):
+                for i, batch in enumerate(batches):
                     if i >= self.config.eval_batches:
                         break
                     losses, metrics = self.objective(self.model, self._to_device(batch))
@@ -640,9 +675,10 @@ class Trainer:
         if not self.tracker.offer(record, self.step):
             return
         name = self.select.lstrip("-")
+        gathered = self._gathered_state()
         if self.dist.is_main:
             ckpt.save_model_atomically(self.model, self.out_dir / ckpt.BEST_NAME, model_config=self.model_config,
-                                       head=self.head, tokenizer=self.tokenizer)
+                                       head=self.head, tokenizer=self.tokenizer, state_dict=gathered)
             log.info("step %d: best %s so far (%.4g); saved to %s", self.step, name, record[name],
                      self.out_dir / ckpt.BEST_NAME)
         dist.barrier(self.dist)
@@ -653,26 +689,31 @@ class Trainer:
         data_states = dist.gather_objects(self.train_data.state_dict(), self.dist)
         rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
         path = ckpt.checkpoint_path(self.out_dir, self.step)
+        gathered = self._gathered_state()
+        optimizer = self._optimizer_state.state_dict() if self._sharded else None  # a collective: every rank
         if self.dist.is_main:
-            components = {name: c.state_dict() for name, c in self.stateful_components().items()}
+            components = {name: optimizer if name == "optimizer" and self._sharded else c.state_dict()
+                          for name, c in self.stateful_components().items()}
             components["progress"]["elapsed_s"] = self._elapsed()  # the time trained so far, this session included
             state = {"step": self.step, "world_size": self.dist.world_size, "components": components,
                      "data": data_states, "rng": rng_states, "train_config": to_dict(self.config),
                      "run_kind": self.run_kind, "precision": self.precision,
                      "model_config": to_dict(self.model_config) if self.model_config else None}
             ckpt.save_checkpoint(self.out_dir, self.step, self.model, state, model_config=self.model_config,
-                                 head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last)
+                                 head=self.head, tokenizer=self.tokenizer, keep_last=self.config.keep_last,
+                                 state_dict=gathered)
             log.info("saved checkpoint %s", path)
         dist.barrier(self.dist)
         return path
 
     def _save_final(self) -> None:
+        gathered = self._gathered_state()
         if self.dist.is_main:
             with ckpt.writing(self.out_dir):
-                self._write_final()
+                self._write_final(gathered)
         dist.barrier(self.dist)
 
-    def _write_final(self) -> None:
+    def _write_final(self, gathered: dict[str, Tensor] | None = None) -> None:
         """The final model (the best one when a dev metric selects it), eval_results.json and the plot."""
         best_dir = self.out_dir / ckpt.BEST_NAME
         if self.best is not None and (best_dir.is_dir() or self._best_is_in_place()):
@@ -684,7 +725,7 @@ class Trainer:
                 log.warning("the best model (step %d) is no longer in %s; saving the last one instead",
                             self.best["step"], self.out_dir)
             ckpt.save_model(self.model, self.out_dir, model_config=self.model_config, head=self.head,
-                            tokenizer=self.tokenizer)
+                            tokenizer=self.tokenizer, state_dict=gathered)
             results = self.last_eval
         self._write_run_config()
         if results:
