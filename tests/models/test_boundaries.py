@@ -24,7 +24,7 @@ from lmforge.nn import StackCache
 B, T, V, D = 2, 5, 99, 12
 NAMES = list(ARCHITECTURES)
 # The families whose forward takes layer indices in output_attentions (the others take True/False only).
-SELECTS_LAYERS = {"encoder", "decoder"}
+SELECTS_LAYERS = {"encoder", "decoder", "seq2seq_encoder"}
 
 
 def tiny(name: str, **overrides) -> torch.nn.Module:

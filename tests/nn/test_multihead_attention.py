@@ -221,6 +221,44 @@ def test_cache_reorder_selects_batch_rows():
     assert cache.value[:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
 
 
+def test_cache_grows_by_doubling_and_matches_concatenation():
+    g = torch.Generator().manual_seed(0)
+    cache, keys, values, buffers = KVCache(), [], [], set()
+    for step in range(40):
+        T = 5 if step == 0 else 1  # a prompt, then one token per step
+        k, v = torch.randn(2, 3, T, 4, generator=g), torch.randn(2, 3, T, 4, generator=g)
+        keys.append(k)
+        values.append(v)
+        all_k, all_v = cache.append(k, v)
+        assert torch.equal(all_k, torch.cat(keys, 2)) and torch.equal(all_v, torch.cat(values, 2))
+        assert torch.equal(cache.key, all_k) and cache.length == all_k.shape[2] <= cache.capacity
+        buffers.add(cache._key.data_ptr())
+    assert cache.capacity == 64 and len(buffers) <= 4  # 5 -> 16 -> 32 -> 64: three copies, not forty
+
+
+def test_cache_reorder_is_index_select_and_allocates_nothing_once_warm():
+    g = torch.Generator().manual_seed(1)
+    cache = KVCache()
+    k = torch.randn(4, 2, 6, 3, generator=g)
+    cache.append(k, k * 2)
+    expected = k
+    seen = set()
+    for _ in range(6):
+        index = torch.randint(0, 4, (4,), generator=g)
+        cache.reorder(index)
+        expected = expected.index_select(0, index)
+        assert torch.equal(cache.key, expected) and torch.equal(cache.value, expected * 2)
+        seen.add(cache._key.data_ptr())
+    assert len(seen) == 2  # two buffers, swapped
+    new = torch.randn(4, 2, 1, 3, generator=g)
+    all_k, _ = cache.append(new, new)
+    assert torch.equal(all_k, torch.cat([expected, new], 2))
+    cache.reorder(torch.tensor([3, 1]))  # fewer rows (finished beams dropped)
+    assert torch.equal(cache.key, torch.cat([expected, new], 2)[[3, 1]]) and cache.key.shape[0] == 2
+    with pytest.raises(LmforgeError, match="the cache holds 2 rows but 4 were appended"):
+        cache.append(new, new)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Captured attention weights
 # ---------------------------------------------------------------------------------------------------------------

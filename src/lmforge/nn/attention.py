@@ -362,6 +362,8 @@ def sdpa_attention(
     Args and Returns: as ``math_attention``.
     """
     T, S = q.shape[-2], k.shape[-2]
+    if is_causal and T == 1:  # one new query (a cached decoding step): its bottom-right causal row allows every key
+        is_causal = False
     if mask is None and (not is_causal or T == S):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = _fold_causal(mask, is_causal, T, S, q.device)
@@ -642,18 +644,40 @@ class KVCache:
     cache once with the projected encoder output and reuses it afterwards. One cache per attention module per
     layer. Mutated in place and also returned in ``AttentionOutput.cache``.
 
+    Storage: a buffer with room for more positions than are filled, doubled when full, so that a step writes its
+    new position into place instead of copying every cached one (``torch.cat`` per step and layer, as Hugging
+    Face's ``DynamicCache``, copies the whole cache each time: quadratic in the length). ``reorder`` (beam search)
+    gathers the filled positions into a second buffer kept for that purpose and swaps the two, allocating nothing
+    after the first calls. Keys that carry a gradient (a forward pass with autograd on) are concatenated and
+    gathered out of place instead, as before, so that backpropagating through a cached pass still works.
+
     Attributes:
-        key, value: (B, H, S, Dh) or None while empty.
+        key, value: (B, H, S, Dh) views of the filled positions, or None while empty.
     """
 
     def __init__(self) -> None:
-        self.key: Tensor | None = None
-        self.value: Tensor | None = None
+        self._key: Tensor | None = None  # (B, H, capacity, Dh)
+        self._value: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder's target, same shape
+        self._length = 0
+
+    @property
+    def key(self) -> Tensor | None:
+        return None if self._key is None else self._key[:, :, :self._length]
+
+    @property
+    def value(self) -> Tensor | None:
+        return None if self._value is None else self._value[:, :, :self._length]
 
     @property
     def length(self) -> int:
         """S, number of cached positions (0 while empty)."""
-        return 0 if self.key is None else self.key.shape[-2]
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold before they grow."""
+        return 0 if self._key is None else self._key.shape[-2]
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Add T new positions.
@@ -662,23 +686,57 @@ class KVCache:
             key, value: (B, H, T, Dh).
 
         Returns:
-            All cached keys and values, (B, H, S + T, Dh) each.
+            All cached keys and values, (B, H, S + T, Dh) each (views of the buffers: valid until the next call).
         """
-        if self.key is None or self.value is None:
-            self.key, self.value = key, value
-        else:
-            self.key = torch.cat((self.key, key), dim=-2)  # (B, H, S + T, Dh)
-            self.value = torch.cat((self.value, value), dim=-2)
-        return self.key, self.value
+        S, T = self._length, key.shape[-2]
+        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
+            # in autograd's graph: concatenate (in-place writes into a buffer would break the backward pass)
+            self._key = key if self._key is None else torch.cat((self.key, key), dim=-2)
+            self._value = value if self._value is None else torch.cat((self.value, value), dim=-2)
+            self._length, self._spare = S + T, None
+            return self._key, self._value
+        if self._key is None or self._value is None:  # exactly T: a cross-attention cache never grows
+            self._key, self._value = key.new_empty(key.shape), value.new_empty(value.shape)
+        elif S + T > self.capacity or self._key.shape[0] != key.shape[0]:
+            if self._key.shape[0] != key.shape[0]:
+                raise LmforgeError(f"the cache holds {self._key.shape[0]} rows but {key.shape[0]} were appended; "
+                                   "reorder() the cache to the new batch first")
+            room = max(S + T, 2 * self.capacity, 16)  # doubling: O(log n) copies over n steps
+            grown_k = key.new_empty(_with_room(key.shape, room))
+            grown_v = value.new_empty(_with_room(value.shape, room))
+            grown_k[:, :, :S] = self._key[:, :, :S]
+            grown_v[:, :, :S] = self._value[:, :, :S]
+            self._key, self._value, self._spare = grown_k, grown_v, None
+        self._key[:, :, S:S + T] = key
+        self._value[:, :, S:S + T] = value
+        self._length = S + T
+        return self._key[:, :, :S + T], self._value[:, :, :S + T]
 
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search): ``index`` (B',) of rows to keep, in order."""
-        if self.key is not None and self.value is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        if self._key is None or self._value is None:
+            return
+        S, rows = self._length, index.shape[0]
+        if self._key.requires_grad or self._value.requires_grad:  # in autograd's graph: out-of-place
+            self._key, self._value = self.key.index_select(0, index), self.value.index_select(0, index)
+            self._length, self._spare = S, None
+            return
+        spare = self._spare
+        if spare is None or spare[0].shape[0] != rows or spare[0].shape[-2] != self.capacity:
+            spare = (self._key.new_empty((rows, *self._key.shape[1:])),
+                     self._value.new_empty((rows, *self._value.shape[1:])))
+        torch.index_select(self._key[:, :, :S], 0, index, out=spare[0][:, :, :S])
+        torch.index_select(self._value[:, :, :S], 0, index, out=spare[1][:, :, :S])
+        self._spare = (self._key, self._value) if self._key.shape[0] == rows else None
+        self._key, self._value = spare
 
     def __repr__(self) -> str:
-        return f"KVCache(length={self.length})"
+        return f"KVCache(length={self.length}, capacity={self.capacity})"
+
+
+def _with_room(shape: torch.Size, positions: int) -> tuple[int, ...]:
+    """The buffer shape (B, H, positions, Dh) for keys or values of ``shape`` (B, H, T, Dh)."""
+    return (shape[0], shape[1], positions, shape[3])
 
 
 class MultiHeadAttention(nn.Module):
