@@ -31,30 +31,46 @@ CHUNK_ROWS = 512  # rows per chunk: (512, V) fp32 logits, 16 MB at V = 8,000 (me
 def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ignore_index: int,
              grad_hidden: Tensor | None, grad_weight: Tensor | None) -> tuple[Tensor, Tensor]:
     """The loss sum and correct count; fills ``grad_hidden`` (N, D) and adds into ``grad_weight`` (V, D, fp32)
-    the gradient of the loss sum when they are given."""
+    the gradient of the loss sum when they are given.
+
+    Under autocast the weight and the states are cast to its dtype ONCE here (autocast would cast them again for
+    every product of every chunk) and the products run with autocast off. Per chunk the (C, V) scores go through
+    memory four times: the product writes them, ``log_softmax`` (fp32 out) reads them, ``exp_`` turns the
+    log-probabilities into the softmax in place, and one cast feeds both gradient products."""
+    device = hidden.device.type
+    amp = torch.is_autocast_enabled(device) if hasattr(torch, "get_autocast_dtype") else torch.is_autocast_enabled()
+    compute = torch.get_autocast_dtype(device) if amp and hasattr(torch, "get_autocast_dtype") else \
+        torch.get_autocast_cpu_dtype() if amp else hidden.dtype
+    weight_c = weight.detach().to(compute)  # (V, D)
+    hidden_c = hidden.detach().to(compute)  # (N, D)
     loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
     correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-    for start in range(0, hidden.shape[0], chunk_rows):
-        h = hidden[start:start + chunk_rows]  # (C, D)
-        y = labels[start:start + chunk_rows]  # (C,)
-        valid = y != ignore_index  # (C,)
-        target = y.clamp(min=0)  # (C,) any index for ignored rows; masked below
-        logits = F.linear(h, weight)  # (C, V); a bf16 product under autocast
-        if logits.dtype in (torch.bfloat16, torch.float16):
-            logits = logits.float()  # the softmax, the loss and the gradient sums in fp32
-        lse = torch.logsumexp(logits, dim=-1)  # (C,)
-        picked = logits.gather(1, target[:, None]).squeeze(1)  # (C,)
-        loss = loss + ((lse - picked) * valid).sum()
-        correct = correct + ((logits.argmax(-1) == y) & valid).sum()
-        if grad_hidden is None and grad_weight is None:
-            continue
-        p = torch.exp(logits.sub_(lse[:, None]))  # (C, V) the softmax, in place of the logits
-        p[torch.arange(p.shape[0], device=p.device), target] -= 1.0
-        p.mul_(valid[:, None])  # ignored rows send no gradient
-        if grad_hidden is not None:
-            grad_hidden[start:start + chunk_rows] = F.linear(p, weight.t().to(p.dtype)).to(grad_hidden.dtype)
-        if grad_weight is not None:
-            grad_weight += F.linear(p.t(), h.t().to(p.dtype)).to(grad_weight.dtype)  # (V, D)
+    with torch.autocast(device, enabled=False):
+        for start in range(0, hidden.shape[0], chunk_rows):
+            h = hidden_c[start:start + chunk_rows]  # (C, D)
+            y = labels[start:start + chunk_rows]  # (C,)
+            valid = y != ignore_index  # (C,)
+            target = y.clamp(min=0)  # (C,) any index for ignored rows; masked below
+            logits = F.linear(h, weight_c)  # (C, V) in the compute dtype
+            score_dtype = torch.promote_types(logits.dtype, torch.float32)
+            logp = torch.log_softmax(logits, dim=-1, dtype=score_dtype)  # (C, V) fp32 (fp64 for fp64 inputs)
+            picked = logp.gather(1, target[:, None]).squeeze(1)  # (C,)
+            loss = loss - (picked * valid).sum()
+            # argmax of the fp32 log-probabilities: the logits' own (log_softmax keeps each row's order), and about
+            # six times faster than a bf16 argmax on a CPU
+            correct = correct + ((logp.argmax(-1) == y) & valid).sum()
+            del logits
+            if grad_hidden is None and grad_weight is None:
+                continue
+            p = logp.exp_()  # (C, V) the softmax, in place of the log-probabilities
+            p[torch.arange(p.shape[0], device=p.device), target] -= 1.0
+            if not bool(valid.all()):
+                p[~valid] = 0.0  # ignored rows send no gradient
+            p = p.to(compute)
+            if grad_hidden is not None:
+                grad_hidden[start:start + chunk_rows] = (p @ weight_c).to(grad_hidden.dtype)  # (C, D)
+            if grad_weight is not None:
+                grad_weight += (p.t() @ h).to(grad_weight.dtype)  # (V, D)
     return loss, correct
 
 
