@@ -8,6 +8,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.nn.linear_ce import linear_cross_entropy
+
 
 class TaskModel(nn.Module):
     """Compose any backbone with any head: ``head(backbone(inputs), **head_inputs)``; a head whose
@@ -40,8 +42,11 @@ class TaskModel(nn.Module):
         inputs: dict[str, Any] = {"attention_mask": attention_mask}
         if token_type_ids is not None and self._takes_segments:
             inputs["token_type_ids"] = token_type_ids
+        # the auxiliary LM loss straight from the final states when the backbone exposes its output projection
+        # (lmforge.nn.linear_ce: the (B, T, V) logits are never held); else from the backbone's logits
+        weight = getattr(self.backbone, "output_weight", None) if return_lm_loss else None
         if self._optional_logits:
-            inputs["return_logits"] = return_lm_loss
+            inputs["return_logits"] = return_lm_loss and not isinstance(weight, Tensor)
         if getattr(self.head, "drives_backbone", False):
             # a head that makes the backbone's input itself (ELECTRA: the generator's samples replace the masked
             # tokens) is handed the backbone, so that one call of the whole module runs the step
@@ -50,6 +55,11 @@ class TaskModel(nn.Module):
         result = self.head(out, **head_inputs)
         if not return_lm_loss:
             return result
+        if isinstance(weight, Tensor):
+            hidden = out.last_hidden_state[:, :-1]  # (B, T-1, D): each position predicts the next token
+            targets = next_token_targets(input_ids, attention_mask)  # (B, T-1)
+            loss, _ = linear_cross_entropy(hidden.flatten(0, 1), weight, targets.flatten())
+            return result, (loss, (targets != -100).sum())
         if getattr(out, "logits", None) is None:
             raise TypeError(f"{type(self.backbone).__name__} returns no LM logits; the auxiliary LM loss needs a "
                             "language-model backbone")
@@ -64,10 +74,16 @@ def next_token_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor | 
         input_ids: (B, T).
         attention_mask: (B, T) 1 = real token (any padding side), or None.
     """
+    targets = next_token_targets(input_ids, attention_mask)  # (B, T-1)
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
+                           reduction="sum")
+    return loss, (targets != -100).sum()
+
+
+def next_token_targets(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(B, T-1) the token after each position, -100 where it or the position itself is padding."""
     targets = input_ids[:, 1:].clone()  # (B, T-1)
     if attention_mask is not None:
         mask = attention_mask.bool()
         targets[~(mask[:, 1:] & mask[:, :-1])] = -100
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
-                           reduction="sum")
-    return loss, (targets != -100).sum()
+    return targets
