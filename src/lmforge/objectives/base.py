@@ -13,9 +13,20 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from torch import Tensor
+from torch import Tensor, nn
 
 
 class ObjectiveOutput(NamedTuple):
     losses: dict[str, tuple[Tensor, Tensor | int]]
     metrics: dict[str, tuple[Tensor | float, Tensor | int]]
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model under DistributedDataParallel (``module``) and ``torch.compile`` (``_orig_mod``) wrappers: what an
+    objective reads attributes of (its config, its output projection). The same walk as
+    ``lmforge.training.distributed.unwrap_model``, which this layer may not import."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner

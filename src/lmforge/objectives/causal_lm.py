@@ -12,18 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.nn.linear_ce import linear_cross_entropy
-from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.base import ObjectiveOutput, unwrapped
 
 IGNORE = -100
-
-
-def _inner(model: nn.Module) -> nn.Module:
-    """The model under DistributedDataParallel (``module``) and ``torch.compile`` (``_orig_mod``) wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 class CausalLMObjective:
@@ -39,7 +30,7 @@ class CausalLMObjective:
         labels = batch["labels"]  # (B, T)
         valid = labels != IGNORE
         n = int(valid.sum())
-        weight = getattr(_inner(model), "output_weight", None) if self.fused else None
+        weight = getattr(unwrapped(model), "output_weight", None) if self.fused else None
         if isinstance(weight, Tensor):
             out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"), return_logits=False)
             hidden = out.last_hidden_state  # (B, T, D)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.base import ObjectiveOutput, unwrapped
 
 __all__ = [
     "DistillationObjective", "attention_kl", "hidden_cosine_loss", "layer_values", "soft_target_loss",
@@ -108,8 +108,7 @@ def value_relation(values: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def _backbone_of(model: nn.Module) -> nn.Module:
-    model = getattr(model, "module", model)  # DistributedDataParallel
-    model = getattr(model, "_orig_mod", model)  # torch.compile
+    model = unwrapped(model)  # DistributedDataParallel, torch.compile
     return getattr(model, "backbone", model)
 
 

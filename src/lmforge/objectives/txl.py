@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.base import ObjectiveOutput, unwrapped
 
 IGNORE = -100
 
@@ -61,14 +61,11 @@ def check_txl_model(config: Any, data: Any = None) -> None:
 
 
 def _config(model: nn.Module) -> Any:
-    """The model's config under DistributedDataParallel (``module``) and ``torch.compile`` (``_orig_mod``) wrappers
-    (``lmforge.training.distributed.unwrap_model``, which this layer may not import)."""
-    while not hasattr(model, "config"):
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            raise LmforgeError(f"objective txl needs an XLNet (a model with a config); got {type(model).__name__}")
-        model = inner
-    return model.config
+    """The model's config under DistributedDataParallel and ``torch.compile`` wrappers."""
+    inner = unwrapped(model)
+    if not hasattr(inner, "config"):
+        raise LmforgeError(f"objective txl needs an XLNet (a model with a config); got {type(model).__name__}")
+    return inner.config
 
 
 class TXLObjective:
