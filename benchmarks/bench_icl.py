@@ -89,7 +89,8 @@ def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     counts = key_value_corpus(work / "corpus.txt", n_sequences=args.sequences, pairs_per_sequence=args.pairs,
                               n_keys=args.n_keys, n_values=args.n_values, seed=args.seed,
                               keys_per_sequence=args.keys, template=args.template, separator=args.separator,
-                              replay_share=args.replay_share, repeats=args.repeats)
+                              replay_share=args.replay_share, repeats=args.repeats,
+                              random_share=args.random_share, random_tokens=args.random_tokens)
     key_value_tokenizer(args.n_keys, args.n_values).save_pretrained(work / "tokenizer", overwrite=True)
     code = lmforge(["-q", "data", "prepare", "--tokenizer", str(work / "tokenizer"), "--input",
                     str(work / "corpus.txt"), "--out", str(work / "shards"), "--format", "lines", "--workers", "1",
@@ -125,7 +126,8 @@ def pretrain_command(work: Path, args: argparse.Namespace) -> list[str]:
             "--train.warmup_ratio=0.05", f"--train.schedule={args.schedule}",
             f"--train.max_grad_norm={args.max_grad_norm}", f"--train.weight_decay={args.weight_decay}",
             f"--train.eps={args.eps}", f"--train.log_every={max(args.steps // 20, 1)}",
-            "--data.eval_fraction=0", *(["--data.doc_aligned=true"] if args.doc_aligned else [])]
+            "--data.eval_fraction=0", *(["--data.doc_aligned=true"] if args.doc_aligned else []),
+            *(["--init-from", args.init_from] if args.init_from else [])]
 
 
 def stage_train(work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -314,6 +316,10 @@ def parse_args() -> argparse.Namespace:
                         help="share of documents that are one block of pairs repeated --repeats times")
     parser.add_argument("--repeats", type=_range, default=(4, 4), help="blocks of a replay document: N or LOW,HIGH "
                         "(drawn per document)")
+    parser.add_argument("--random-share", type=float, default=0.0,
+                        help="share of documents that are N random key/value words repeated twice (Olsson et al.'s "
+                             "repeated random tokens) instead of pairs")
+    parser.add_argument("--random-tokens", type=_range, default=(10, 60), help="N of those documents: N or LOW,HIGH")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")
@@ -321,6 +327,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--doc-aligned", action="store_true",
                         help="every training row starts at a document start (--data.doc_aligned=true)")
+    parser.add_argument("--init-from", default="",
+                        help="start from this model folder's weights (a curriculum's second stage)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -337,6 +345,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as OMP_NUM_THREADS says)")
     parser.add_argument("--quick", action="store_true", help="a 1-2 minute smoke run: few steps, 2 tasks")
     parser.add_argument("--fresh", action="store_true", help="remove --work first")
+    parser.add_argument("--stem", default="", help="results file names (default icl, icl-quick with --quick)")
     args = parser.parse_args()
     if args.quick:
         args.sequences, args.steps, args.tasks, args.draws = 5_000, 150, 2, 2
@@ -357,7 +366,7 @@ def main() -> None:
     if args.fresh:
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    stem = "icl-quick" if args.quick else "icl"
+    stem = args.stem or ("icl-quick" if args.quick else "icl")
     results_dir = HERE / "results"
     result: dict[str, Any] = {"machine": machine_description(), "torch_threads": torch.get_num_threads(),
                               "command": reproduce_command(__file__, sys.argv[1:]),
@@ -378,8 +387,10 @@ def report(result: dict[str, Any]) -> None:
     print(f"- torch threads: {result['torch_threads']}")
     print(f"\n```bash\n{result['command']}\n```\n")
     s, d, t = result["settings"], result["data"], result["training"]
-    print(f"Corpus: {d['documents']:,} key-value documents, {d['tokens']:,} tokens ({d['repeated_share']:.0%} of "
-          f"the pairs repeat a key of their document); keys k0..k{s['n_keys'] - 1}, values v0..v{s['n_values'] - 1}."
+    random_docs = d.get("random_documents", 0)
+    print(f"Corpus: {d['documents']:,} documents ({random_docs:,} of them repeated random tokens), {d['tokens']:,} "
+          f"tokens ({d['repeated_share']:.0%} of the pairs repeat a key of their document); "
+          f"keys k0..k{s['n_keys'] - 1}, values v0..v{s['n_values'] - 1}."
           f"\nModel: {s['layers']} layers, d_model {s['d_model']}, {s['heads']} heads (pre-LN GPT, no dropout); "
           f"{t['steps']} steps of {s['batch_size']} x {s['seq_len']} tokens in {t['training_s'] / 60:.1f} min "
           f"(final training loss {fmt(t['loss_last'], 3)}, next-token accuracy {fmt(t['lm_accuracy_last'], 3)}).\n"

@@ -18,6 +18,7 @@ from lmforge.data.synthetic import (
     key_value_task,
     key_value_tokenizer,
     key_value_vocabulary,
+    repeated_tokens_document,
 )
 from lmforge.errors import LmforgeError
 
@@ -207,3 +208,21 @@ def test_repeats_drawn_per_document_from_a_range(tmp_path):
         assert fits, d
         periods.append(fits[0])
     assert set(periods) == {2, 3, 4}
+
+
+def test_repeated_random_tokens_documents(tmp_path):
+    rng = np.random.default_rng(3)
+    words = repeated_tokens_document(rng, n_tokens=9, n_keys=6, n_values=4).split()
+    assert len(words) == 18 and words[:9] == words[9:]
+    assert set(words) <= set(key_value_vocabulary(6, 4)[7:])  # keys and values only, no symbol or special token
+    path = tmp_path / "mix.txt"
+    info = key_value_corpus(path, n_sequences=300, pairs_per_sequence=(4, 8), n_keys=20, n_values=6, seed=4,
+                            template="{text} {label}", separator=" ", random_share=0.5, random_tokens=(5, 10))
+    docs = [d.split() for d in path.read_text(encoding="utf-8").strip().split("\n\n")]
+    random_docs = [d for d in docs if len(d) % 2 == 0 and d[:len(d) // 2] == d[len(d) // 2:]
+                   and 10 <= len(d) <= 20]
+    assert 100 < info["random_documents"] < 200
+    assert len(random_docs) >= info["random_documents"]  # a pair document can look like a repeat, never the reverse
+    assert info["tokens"] == sum(map(len, docs))
+    with pytest.raises(LmforgeError, match="random_share"):
+        key_value_corpus(path, n_sequences=2, pairs_per_sequence=3, n_keys=5, n_values=2, seed=0, random_share=2.0)

@@ -42,7 +42,7 @@ from lmforge.tokenizers.wordpiece import DEFAULT_SPECIAL_TOKENS, WordPieceTokeni
 from lmforge.utils.io import atomic_write_text
 
 __all__ = ["SEPARATOR", "TEMPLATE", "key_name", "key_value_corpus", "key_value_document", "key_value_task",
-           "key_value_tokenizer", "key_value_vocabulary", "value_name"]
+           "key_value_tokenizer", "key_value_vocabulary", "repeated_tokens_document", "value_name"]
 
 TEMPLATE = "{text} = {label}"  # one demonstration of a few-shot prompt: "k12 = v3"
 SEPARATOR = " ; "  # between demonstrations, as between the pairs of a training document
@@ -129,11 +129,22 @@ def key_value_document(rng: np.random.Generator, *, n_pairs: int, n_distinct: in
     return separator.join(template.format(text=key_name(keys[i]), label=value_name(values[i])) for i in order)
 
 
+def repeated_tokens_document(rng: np.random.Generator, *, n_tokens: int, n_keys: int, n_values: int) -> str:
+    """``n_tokens`` words drawn uniformly (with replacement) from the keys and values, then the same words again:
+    Olsson et al.'s repeated random tokens, written in the key-value vocabulary. Only the second half is
+    predictable, and only by an induction head (the first half is noise and the period differs per document, so no
+    fixed-offset head solves it)."""
+    words = [*map(key_name, range(n_keys)), *map(value_name, range(n_values))]
+    half = [words[i] for i in rng.integers(0, len(words), size=n_tokens)]
+    return " ".join(half + half)
+
+
 def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: int | tuple[int, int],
                      n_keys: int, n_values: int, seed: int,
                      keys_per_sequence: int | tuple[int, int] | None = None, template: str = TEMPLATE,
                      separator: str = SEPARATOR, replay_share: float = 0.0,
-                     repeats: int | tuple[int, int] = 2) -> dict[str, Any]:
+                     repeats: int | tuple[int, int] = 2, random_share: float = 0.0,
+                     random_tokens: int | tuple[int, int] = (10, 60)) -> dict[str, Any]:
     """Write a pretraining corpus of key-value documents (UTF-8, one document per line, a blank line between).
 
     Args:
@@ -157,10 +168,15 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
             before it forms is otherwise long in a model this small.
         repeats: the blocks of such a document (>= 2), or an inclusive range drawn per document: varying block
             lengths keep a head that attends at one fixed offset from solving the repeats without matching tokens.
+        random_share: the share of documents that are repeated random tokens instead of pairs
+            (``repeated_tokens_document``: N words drawn from the keys and values, then the same N again), the
+            sequences on which Olsson et al. see the induction phase change in small models; the rest are key-value
+            documents as above.
+        random_tokens: N for those documents, a number or an inclusive range drawn per document.
 
     Returns:
-        Counts: documents, pairs, tokens (without the [SEP] between documents), and the share of pairs whose key
-        appeared earlier in its document (the values only the context can predict).
+        Counts: documents, pairs, tokens (without the [SEP] between documents), the share of pairs whose key
+        appeared earlier in its document (the values only the context can predict), and ``random_documents``.
     """
     _check_sizes(n_keys, n_values)
     pair_words, separator_words = _check_format(template, separator)
@@ -171,9 +187,17 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
     if not 0.0 <= replay_share <= 1.0:
         raise LmforgeError(f"replay_share={replay_share!r} must be in [0, 1]")
     r_lo, r_hi = (repeats, repeats) if isinstance(repeats, int) else _range(repeats, "repeats")
+    if not 0.0 <= random_share <= 1.0:
+        raise LmforgeError(f"random_share={random_share!r} must be in [0, 1]")
+    t_lo, t_hi = _range(random_tokens, "random_tokens")
     rng = np.random.default_rng(seed)
-    lines, pairs, repeated = [], 0, 0
+    lines, pairs, repeated, n_random, random_words = [], 0, 0, 0, 0
     for _ in range(n_sequences):
+        if random_share and rng.random() < random_share:
+            n = int(rng.integers(t_lo, t_hi + 1))
+            lines.append(repeated_tokens_document(rng, n_tokens=n, n_keys=n_keys, n_values=n_values))
+            n_random, random_words = n_random + 1, random_words + 2 * n
+            continue
         n = int(rng.integers(lo, hi + 1))
         times = (r_lo if r_lo == r_hi else int(rng.integers(r_lo, r_hi + 1))) if rng.random() < replay_share else 1
         distinct = min(int(rng.integers(k_lo, k_hi + 1)), -(-n // times), n_keys)
@@ -181,9 +205,9 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
                                         template=template, separator=separator, repeats=times))
         pairs, repeated = pairs + n, repeated + n - distinct
     atomic_write_text(path, "\n\n".join(lines) + "\n")
-    tokens = pair_words * pairs + separator_words * (pairs - n_sequences)
+    tokens = pair_words * pairs + separator_words * (pairs - (n_sequences - n_random)) + random_words
     return {"documents": n_sequences, "pairs": pairs, "tokens": tokens,
-            "repeated_share": repeated / pairs}
+            "repeated_share": repeated / pairs if pairs else 0.0, "random_documents": n_random}
 
 
 def key_value_task(train_path: str | Path, test_path: str | Path, *, n_pairs: int, seed: int, n_keys: int,
