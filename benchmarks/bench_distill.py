@@ -79,7 +79,7 @@ def stage_distill(work: Path, teacher: Path, shards: Path, args: argparse.Namesp
     if (out / "model.safetensors").is_file() and timing.is_file():
         return out, json.loads(timing.read_text())["seconds"]
     start = time.perf_counter()
-    code = lmforge(["distill", "--teacher", str(teacher), "--data", str(shards), "--out", str(out),
+    code = lmforge(["distill", "--teacher", str(teacher), "--input", str(shards), "--out", str(out),
                     "--max-steps", str(args.steps), "--batch-size", str(args.batch_size), "--seq-len",
                     str(args.seq_len), "--lr", str(args.lr), "--save-every", str(max(args.steps // 6, 1)),
                     "--eval-every", str(max(args.steps // 6, 1)), "--resume", "auto", "--train.warmup_ratio=0.05",
@@ -162,7 +162,7 @@ def stage_ner(work: Path, sources: dict[str, Path], args: argparse.Namespace) ->
                                 "--overwrite"])
                 if code:
                     sys.exit(f"finetune NER failed for {key} seed {seed} ({code})")
-                code = lmforge(["evaluate", "--model", str(run), "--data", str(data / "test.conll"), "--output",
+                code = lmforge(["evaluate", "--model", str(run), "--test", str(data / "test.conll"), "--out",
                                 str(metrics_file), "--overwrite"])
                 if code:
                     sys.exit(f"evaluate NER failed for {key} seed {seed} ({code})")

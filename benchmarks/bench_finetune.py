@@ -242,7 +242,7 @@ def ours_command(setting: Setting, files: dict[str, Any], model: str, out: Path,
 
 
 def evaluate_command(out: Path, files: dict[str, Any]) -> list[str]:
-    return ["-m", "lmforge", "evaluate", "--model", str(out), "--data", files["test"], "--batch-size", "32"]
+    return ["-m", "lmforge", "evaluate", "--model", str(out), "--test", files["test"], "--batch-size", "32"]
 
 
 def reference_args(setting: Setting, files: dict[str, Any], model: str, seed: int, threads: int) -> list[str]:

@@ -60,7 +60,7 @@ def pretrain_denoiser(out: Path, mix: str, *, data: Path, tokenizer: Path, steps
     if not done.is_file():
         options = [f"--data.{k}={v}" for k, v in BART_MIXES[mix].items()]
         command = [sys.executable, "-m", "lmforge", "-q", "pretrain", "--preset", "bart-tiny", "--objective",
-                   "denoise", "--data", str(data), "--tokenizer", str(tokenizer), "--out", str(folder),
+                   "denoise", "--input", str(data), "--tokenizer", str(tokenizer), "--out", str(folder),
                    "--max-steps", str(steps), "--batch-size", "32", "--seq-len", str(seq_len), "--lr", "1e-3",
                    f"--model.max_seq_len={seq_len}", "--train.warmup_ratio=0.05", "--eval-every", str(steps // 4),
                    "--save-every", str(max(steps // 10, 1)), "--resume", "auto", *options]

@@ -10,23 +10,23 @@ continues; ``--fresh`` starts over):
    document draws up to ``--keys`` distinct keys from a pool of ``--n-keys`` and gives each a value drawn uniformly
    from ``--n-values``, afresh per document, and lists ``--pairs`` pairs over those keys; a repeated key's value
    can only be read from the context. A ``--replay-share`` of the documents is one block of pairs repeated
-   ``--repeats`` times in the same order (default: all, 4 times: 3/4 of each document predictable by induction,
-   keys included); the rest list the keys in random order with repeats. The tokenizer is the key-value vocabulary
-   (every key and value one WordPiece token); ``lmforge data prepare --format lines`` makes the shards.
-   ``--tasks`` held-out tasks (``key_value_task``), each one fresh mapping of ``--task-pairs`` keys: the training
-   file is the demonstration pool, the test file queries every key of the mapping.
-
-   Why these defaults: with shuffled-key documents only (replay share 0), larger pools (64-256 keys) or the
-   ``symbols`` format, 2-layer models of d_model 64-128 trained 1,500-4,000 steps here stayed on the plateau that
-   precedes the induction phase change (Olsson et al. section 3): they learnt to copy the most recent value (K = 1
-   right, K = 4 at 1/4 when the key is in the prompt) and no head scored above 0.03. Dense repeats of a small
-   vocabulary are meant to shorten that plateau; measured here, 4,000 and 8,000 steps (7 and 11 minutes on one
-   thread) were still not enough: see ``examples/in-context-learning/README.md``.
+   ``--repeats`` times in the same order (default: none; the keys in random order with repeats), a
+   ``--random-share`` are repeated random tokens instead. With ``--curriculum-steps`` > 0 (the default), a second
+   corpus of repeated random tokens (N of the keys and values, then the same N again, N in ``--random-tokens``) for
+   stage 1. The tokenizer is the key-value vocabulary (every key and value one WordPiece token); ``lmforge data
+   prepare --format lines`` makes the shards. ``--tasks`` held-out tasks (``key_value_task``), each one fresh
+   mapping of ``--task-pairs`` keys: the training file is the demonstration pool, the test file queries every key
+   of the mapping.
 2. ``train``: ``lmforge pretrain --preset gpt-nano --objective clm`` resized to ``--layers`` layers, ``--d-model``,
    ``--heads``, ``--positional`` positions (pre-LN, GELU, no dropout), batch ``--batch-size`` x ``--seq-len``
-   tokens, AdamW ``--lr`` with 5% warm-up then ``--schedule`` (default linear decay), ``--max-grad-norm``
-   clipping, ``--weight-decay``, Adam ``--eps`` (defaults: lmforge's own), ``--steps`` steps. ``--doc-aligned``: every
-   training row starts at a document start (``--data.doc_aligned=true``) instead of a window of the joined stream.
+   tokens, AdamW ``--lr`` (1e-3) with 5% warm-up then ``--schedule`` (constant), ``--max-grad-norm`` clipping
+   (none), ``--weight-decay`` (0), Adam ``--eps`` (1e-8), every training row starting at a document start
+   (``--doc-aligned``, ``--data.doc_aligned=true``). Stage 1 (the curriculum): repeated random tokens in chunks of
+   ``--curriculum-check`` steps until the training accuracy reaches ``--phase-accuracy`` (the induction phase
+   change), at most ``--curriculum-steps``; stage 2: ``--steps`` steps on the key-value documents from stage 1's
+   weights. Why: on key-value lists alone a 2-layer model stays on the plateau before the phase change (Olsson et
+   al. section 3) through 8,000 steps here; on repeated random tokens it goes through it, and key-value lists then
+   retune its induction heads to single-token lookup (``examples/in-context-learning/README.md``).
 3. ``eval``, for the trained model and for an untrained model of the same shape (the control):
 
    * exact next-token accuracy (this script's own loop, independent of ``lmforge.prompting``): for every task,
@@ -81,6 +81,13 @@ def _range(text: str) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- stages
+def prepare_shards(work: Path, corpus: str, shards: str) -> None:
+    code = lmforge(["-q", "data", "prepare", "--tokenizer", str(work / "tokenizer"), "--input", str(work / corpus),
+                    "--out", str(work / shards), "--format", "lines", "--workers", "1", "--overwrite"])
+    if code:
+        sys.exit(f"data prepare failed ({code})")
+
+
 def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     done = work / "data.json"
     if done.is_file():
@@ -92,19 +99,23 @@ def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                               replay_share=args.replay_share, repeats=args.repeats,
                               random_share=args.random_share, random_tokens=args.random_tokens)
     key_value_tokenizer(args.n_keys, args.n_values).save_pretrained(work / "tokenizer", overwrite=True)
-    code = lmforge(["-q", "data", "prepare", "--tokenizer", str(work / "tokenizer"), "--input",
-                    str(work / "corpus.txt"), "--out", str(work / "shards"), "--format", "lines", "--workers", "1",
-                    "--overwrite"])
-    if code:
-        sys.exit(f"data prepare failed ({code})")
+    prepare_shards(work, "corpus.txt", "shards")
+    info: dict[str, Any] = dict(counts)
+    if args.curriculum_steps:  # stage 1: repeated random tokens only (another seed: not the stage-2 documents)
+        info["stage1"] = key_value_corpus(
+            work / "corpus-stage1.txt", n_sequences=args.sequences, pairs_per_sequence=args.pairs,
+            n_keys=args.n_keys, n_values=args.n_values, seed=args.seed + 1_000, template=args.template,
+            separator=args.separator, random_share=1.0, random_tokens=args.random_tokens)
+        prepare_shards(work, "corpus-stage1.txt", "shards-stage1")
     (work / "tasks").mkdir(exist_ok=True)
     for t in range(args.tasks):  # seeds far from the corpus's: fresh mappings (random values: nothing to memorise)
         key_value_task(work / "tasks" / f"task{t}-train.jsonl", work / "tasks" / f"task{t}-test.jsonl",
                        n_pairs=args.task_pairs, seed=10_000 + t, n_keys=args.n_keys, n_values=args.n_values)
-    info = {**counts, "seconds": time.perf_counter() - start}
+    info["seconds"] = time.perf_counter() - start
     print(f"data: {counts['documents']:,} documents, {counts['tokens']:,} tokens, "
-          f"{counts['repeated_share']:.1%} of the pairs repeat a key of their document; {args.tasks} tasks",
-          flush=True)
+          f"{counts['repeated_share']:.1%} of the pairs repeat a key of their document; {args.tasks} tasks"
+          + (f"; stage 1: {info['stage1']['documents']:,} documents of repeated random tokens"
+             if args.curriculum_steps else ""), flush=True)
     atomic_write_text(done, json.dumps(info) + "\n")
     return info
 
@@ -115,34 +126,62 @@ def read_log(run: Path) -> list[dict[str, Any]]:
     return [r for r in (json.loads(line) for line in lines if line.strip()) if "elapsed_s" in r and "step" in r]
 
 
-def pretrain_command(work: Path, args: argparse.Namespace) -> list[str]:
-    return ["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(work / "shards"),
-            "--out", str(work / "model"), "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+def pretrain_command(work: Path, args: argparse.Namespace, stage: int = 2, steps: int | None = None) -> list[str]:
+    """The ``lmforge pretrain`` command of a stage: 1 = the curriculum's repeated random tokens (``steps``, at most
+    ``--curriculum-steps``), 2 = the key-value documents (``--steps``, from stage 1's weights when there is one)."""
+    steps = steps or (args.curriculum_steps if stage == 1 else args.steps)
+    shards, out = ("shards-stage1", "model-stage1") if stage == 1 else ("shards", "model")
+    init = str(work / "model-stage1") if stage == 2 and args.curriculum_steps else args.init_from
+    return ["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--input", str(work / shards),
+            "--out", str(work / out), "--max-steps", str(steps), "--batch-size", str(args.batch_size),
             "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--eval-every", "0",
-            "--save-every", str(max(args.steps // 4, 1)), "--seed", str(args.seed), "--resume", "auto",
+            "--save-every", str(max(steps // 4, 1) if stage == 2 else args.curriculum_check), "--seed", str(args.seed),
+            "--resume", "auto",
             f"--model.n_layers={args.layers}", f"--model.d_model={args.d_model}", f"--model.n_heads={args.heads}",
             f"--model.max_seq_len={args.seq_len}", f"--model.positional={args.positional}", "--model.dropout=0.0",
             "--model.attention_dropout=0.0",
             "--train.warmup_ratio=0.05", f"--train.schedule={args.schedule}",
             f"--train.max_grad_norm={args.max_grad_norm}", f"--train.weight_decay={args.weight_decay}",
-            f"--train.eps={args.eps}", f"--train.log_every={max(args.steps // 20, 1)}",
+            f"--train.eps={args.eps}",
+            f"--train.log_every={max(steps // 20, 1) if stage == 2 else max(args.curriculum_check // 5, 1)}",
             "--data.eval_fraction=0", *(["--data.doc_aligned=true"] if args.doc_aligned else []),
-            *(["--init-from", args.init_from] if args.init_from else [])]
+            *(["--init-from", init] if init else [])]
+
+
+def train_one(work: Path, args: argparse.Namespace, stage: int) -> dict[str, Any]:
+    """Stage 2: one run of ``--steps``. Stage 1: chunks of ``--curriculum-check`` steps (the same run, resumed: the
+    schedule is constant) until the training next-token accuracy of the last chunk's last log line reaches
+    ``--phase-accuracy`` (the induction phase change: a copier of the repeated half scores about 0.5, a model
+    without one about 0.03), at most ``--curriculum-steps``. When the phase change comes varies with the seed."""
+    steps = args.steps if stage == 2 else min(args.curriculum_check, args.curriculum_steps)
+    run = work / ("model-stage1" if stage == 1 else "model")
+    while True:
+        command = pretrain_command(work, args, stage, steps)
+        print(f"train (stage {stage}): lmforge " + " ".join(command), flush=True)
+        if lmforge(command):
+            sys.exit("training failed")
+        accuracy = read_log(run)[-1].get("lm_accuracy") or 0.0
+        if stage == 2 or accuracy >= args.phase_accuracy or steps >= args.curriculum_steps:
+            break
+        steps = min(steps + args.curriculum_check, args.curriculum_steps)
+    log = read_log(run)
+    last = log[-1]
+    return {"steps": last["step"], "training_s": last["elapsed_s"], "tokens": last.get("tokens"),
+            "loss_last": last.get("loss"), "lm_accuracy_last": last.get("lm_accuracy"),
+            "command": "lmforge " + " ".join(command),
+            "curve": [{k: r.get(k) for k in ("step", "loss", "lm_accuracy", "elapsed_s")} for r in log]}
 
 
 def stage_train(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     done = work / "train.json"
     if done.is_file():
         return json.loads(done.read_text())
-    command = pretrain_command(work, args)
-    print("train: lmforge " + " ".join(command), flush=True)
-    if lmforge(command):
-        sys.exit("training failed")
-    log = read_log(work / "model")
-    last = log[-1]
-    info = {"steps": last["step"], "training_s": last["elapsed_s"], "tokens": last.get("tokens"),
-            "loss_last": last.get("loss"), "lm_accuracy_last": last.get("lm_accuracy"),
-            "curve": [{k: r.get(k) for k in ("step", "loss", "lm_accuracy", "elapsed_s")} for r in log]}
+    info = train_one(work, args, 2) if not args.curriculum_steps else \
+        {"stage1": train_one(work, args, 1), **train_one(work, args, 2)}
+    if args.curriculum_steps:  # the totals of both stages (the report's minutes and steps)
+        info["stage2_training_s"], info["stage2_steps"] = info["training_s"], info["steps"]
+        info["training_s"] += info["stage1"]["training_s"]
+        info["steps"] += info["stage1"]["steps"]
     atomic_write_text(done, json.dumps(info) + "\n")
     return info
 
@@ -312,7 +351,7 @@ def parse_args() -> argparse.Namespace:
                         "'k12 v3 k5 v40' (template '{text} {label}', separator ' ')")
     parser.add_argument("--n-keys", type=int, default=32, help="the key pool")
     parser.add_argument("--n-values", type=int, default=16, help="the value pool")
-    parser.add_argument("--replay-share", type=float, default=1.0,
+    parser.add_argument("--replay-share", type=float, default=0.0,
                         help="share of documents that are one block of pairs repeated --repeats times")
     parser.add_argument("--repeats", type=_range, default=(4, 4), help="blocks of a replay document: N or LOW,HIGH "
                         "(drawn per document)")
@@ -324,19 +363,27 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--doc-aligned", action="store_true",
+    parser.add_argument("--steps", type=int, default=1000, help="steps on the key-value documents (stage 2)")
+    parser.add_argument("--curriculum-steps", type=int, default=6000,
+                        help="stage 1: at most this many steps on repeated random tokens before the key-value "
+                             "documents (0: no stage 1)")
+    parser.add_argument("--curriculum-check", type=int, default=1500,
+                        help="stage 1 stops at the first multiple of this many steps where the training accuracy "
+                             "reached --phase-accuracy")
+    parser.add_argument("--phase-accuracy", type=float, default=0.3,
+                        help="stage 1's training next-token accuracy that marks the induction phase change")
+    parser.add_argument("--doc-aligned", action=argparse.BooleanOptionalAction, default=True,
                         help="every training row starts at a document start (--data.doc_aligned=true)")
     parser.add_argument("--init-from", default="",
                         help="start from this model folder's weights (a curriculum's second stage)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--schedule", default="linear", help="lr schedule after the 5%% warm-up (lmforge's "
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--schedule", default="constant", help="lr schedule after the 5%% warm-up (lmforge's "
                         "train.schedule: constant, linear, cosine, ...)")
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (0: none)")
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--eps", type=float, default=1e-6, help="Adam epsilon")
+    parser.add_argument("--max-grad-norm", type=float, default=0.0, help="gradient clipping (0: none)")
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--eps", type=float, default=1e-8, help="Adam epsilon")
     parser.add_argument("--tasks", type=int, default=5, help="held-out mappings")
     parser.add_argument("--task-pairs", type=int, default=20, help="keys per held-out mapping")
     parser.add_argument("--shots", default="0,1,4,16", help="K values")
@@ -348,7 +395,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stem", default="", help="results file names (default icl, icl-quick with --quick)")
     args = parser.parse_args()
     if args.quick:
-        args.sequences, args.steps, args.tasks, args.draws = 5_000, 150, 2, 2
+        args.sequences, args.steps, args.curriculum_steps, args.tasks, args.draws = 5_000, 100, 100, 2, 2
+        args.curriculum_check = 50
         args.work = args.work + "-quick"
     args.shots = [int(k) for k in args.shots.split(",")]
     args.template, args.separator = FORMATS[args.format]
@@ -375,6 +423,8 @@ def main() -> None:
     result["data"] = stage_data(work, args)
     result["training"] = stage_train(work, args)
     result["pretrain_command"] = "lmforge " + " ".join(pretrain_command(Path(args.work), args))
+    if args.curriculum_steps:
+        result["pretrain_command_stage1"] = result["training"]["stage1"]["command"]
     result["eval"] = stage_eval(work, args, results_dir / f"{stem}-attention.html")
     result["wall_s_this_session"] = time.perf_counter() - start
     atomic_write_text(results_dir / f"{stem}.json", json.dumps(result, indent=2) + "\n")
@@ -395,10 +445,17 @@ def report(result: dict[str, Any]) -> None:
           f"{t['steps']} steps of {s['batch_size']} x {s['seq_len']} tokens in {t['training_s'] / 60:.1f} min "
           f"(final training loss {fmt(t['loss_last'], 3)}, next-token accuracy {fmt(t['lm_accuracy_last'], 3)}).\n"
           f"Training: `{result['pretrain_command']}`\n")
+    if "stage1" in t:
+        one = t["stage1"]
+        print(f"Curriculum: stage 1, {one['steps']} steps on repeated random tokens ({one['training_s'] / 60:.1f} min, "
+              f"final next-token accuracy {fmt(one['lm_accuracy_last'], 3)}; a copier of the repeated half scores "
+              f"about 0.5): `{result['pretrain_command_stage1']}`; then the command above for {t['stage2_steps']} "
+              "steps from its weights.\n")
     ev = result["eval"]
     print(f"Few-shot accuracy on {s['tasks']} held-out mappings of {s['task_pairs']} keys, {s['draws']} draws of "
           "the demonstrations each (mean +- std over tasks x draws). Next-token: argmax over the whole vocabulary "
-          f"(chance {1 / s['n_values']:.3f}); fewshot_evaluate: classification over the task's labels.\n")
+          f"(chance {1 / s['n_values']:.3f}); fewshot_evaluate: classification over the task's labels, which never "
+          "shows a test example its own pair (its leakage guard), so it measures the key-not-in-prompt case.\n")
     header = ["K", "trained next-token", "key in prompt", "key not in prompt", "untrained next-token",
               "ideal copier", "trained fewshot_evaluate", "untrained fewshot_evaluate"]
     rows = []

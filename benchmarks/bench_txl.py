@@ -122,7 +122,7 @@ def lr_of(key: str, args: argparse.Namespace) -> float:
 def pretrain(work: Path, key: str, out: Path, steps: int, args: argparse.Namespace, log_every: int,
              save_every: int) -> int:
     preset, objective, extra = MODELS[key]
-    return lmforge(["pretrain", "--preset", preset, "--objective", objective, "--data", str(work / "shards-train"),
+    return lmforge(["pretrain", "--preset", preset, "--objective", objective, "--input", str(work / "shards-train"),
                     "--out", str(out), "--max-steps", str(steps), "--batch-size", str(args.batch_size),
                     "--seq-len", str(args.seq_len), "--lr", str(lr_of(key, args)), "--eval-every", "0",
                     "--save-every", str(save_every), "--seed", "0", "--resume", "auto",

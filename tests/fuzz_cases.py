@@ -161,7 +161,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     _quiet_main(["data", "prepare", "--tokenizer", str(fx["tokenizer"]), "--input", str(fx["corpus.txt"]),
                  "--out", str(fx["data"]), "--workers", "1"])
     fx["pretrain-run"] = root / "pretrain-run"
-    _quiet_main(["-q", "pretrain", "--preset", "bert-tiny", "--objective", "mlm", "--data", str(fx["data"]),
+    _quiet_main(["-q", "pretrain", "--preset", "bert-tiny", "--objective", "mlm", "--input", str(fx["data"]),
                  "--out", str(fx["pretrain-run"]), "--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
                  *TINY_BERT])
     fx["classifier"] = root / "classifier"
@@ -217,23 +217,23 @@ SPECS: list[Spec] = [
     Spec("tokenizer train", (Input("--input", "corpus.txt", "text", accepts_dir=True),), Output("--out", "tok", True),
          ("--vocab-size", "80")),
     Spec("tokenizer encode", (Input("--tokenizer", "tokenizer", "tokenizer"), Input("--input", "lines.txt", "lines")),
-         Output("--output", "encoded.jsonl", False)),
+         Output("--out", "encoded.jsonl", False)),
     Spec("embed", (Input("--model", "encoder", "model"), Input("--input", "lines.txt", "lines")),
          Output("--out", "emb.npy", False), ("--batch-size", "4")),
     Spec("data prepare", (Input("--tokenizer", "tokenizer", "tokenizer"),
                           Input("--input", "corpus.txt", "text", accepts_dir=True)),
          Output("--out", "data", True), ("--workers", "1")),
-    Spec("pretrain", (Input("--data", "data", "data"), Input("--config", "pretrain.toml", "toml")),
+    Spec("pretrain", (Input("--input", "data", "data"), Input("--config", "pretrain.toml", "toml")),
          Output("--out", "run", True),
          ("--preset", "bert-tiny", "--objective", "mlm", "--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
           *TINY_BERT)),
-    Spec("pretrain", (Input("--data", "data", "data"),), Output("--out", "run", True),
+    Spec("pretrain", (Input("--input", "data", "data"),), Output("--out", "run", True),
          ("--preset", "electra-tiny", "--objective", "electra", "--max-steps", "2", "--batch-size", "4", "--seq-len",
           "32", *TINY_BERT), variant="electra"),
-    Spec("pretrain", (Input("--data", "data", "data"),), Output("--out", "run", True),
+    Spec("pretrain", (Input("--input", "data", "data"),), Output("--out", "run", True),
          ("--preset", "bart-tiny", "--objective", "denoise", "--max-steps", "2", "--batch-size", "4", "--seq-len",
           "32", *TINY_BERT, "--model.n_decoder_layers=1"), variant="denoise"),
-    Spec("distill", (Input("--teacher", "encoder", "model"), Input("--data", "data", "data")),
+    Spec("distill", (Input("--teacher", "encoder", "model"), Input("--input", "data", "data")),
          Output("--out", "dist", True), ("--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
                                          "--train.log_every=1"),
          # distillation reads the corpus with the TEACHER's tokenizer (the manifest's fingerprint is checked against
@@ -268,17 +268,17 @@ SPECS: list[Spec] = [
     Spec("fewshot", (Input("--model", "gpt", "gpt"), Input("--train", "train.csv", "csv"),
                      Input("--test", "dev.csv", "csv-eval")),
          Output("--out", "fs", True), ("--shots", "0,1", "--draws", "1", "--template", "{text} is {label}")),
-    Spec("evaluate", (Input("--model", "classifier", "classifier"), Input("--data", "dev.csv", "csv-eval")),
-         Output("--output", "metrics.json", False), ("--batch-size", "4")),
+    Spec("evaluate", (Input("--model", "classifier", "classifier"), Input("--test", "dev.csv", "csv-eval")),
+         Output("--out", "metrics.json", False), ("--batch-size", "4")),
     Spec("predict", (Input("--model", "classifier", "classifier"), Input("--input", "dev.csv", "csv-unlabelled")),
-         Output("--output", "predictions.jsonl", False), ("--batch-size", "4")),
+         Output("--out", "predictions.jsonl", False), ("--batch-size", "4")),
     Spec("generate", (Input("--model", "gpt", "gpt"), Input("--input", "prompts.txt", "prompts")), None,
          ("--max-new-tokens", "3"), has_overwrite=False,
-         context={"--beams": ("--strategy", "beam"), "--top": SAMPLE, "--temperature": SAMPLE, "--top-k": SAMPLE,
-                  "--top-p": SAMPLE, "--seed": ("--strategy", "sample")}),
+         context={"--num-beams": ("--strategy", "beam"), "--num-return-sequences": SAMPLE, "--temperature": SAMPLE,
+                  "--top-k": SAMPLE, "--top-p": SAMPLE, "--seed": ("--strategy", "sample")}),
     Spec("train-seq2seq", (Input("--tokenizer", "tokenizer", "tokenizer"),
-                           Input("--train-data", "pairs.jsonl", "jsonl"),
-                           Input("--dev-data", "pairs-dev.jsonl", "jsonl"),
+                           Input("--train", "pairs.jsonl", "jsonl"),
+                           Input("--dev", "pairs-dev.jsonl", "jsonl"),
                            Input("--config", "seq2seq.toml", "toml")),
          Output("--out", "s2s", True),
          ("--preset", "rnn-seq2seq", "--model.d_model=16", "--max-steps", "2", "--batch-size", "4",
@@ -654,11 +654,11 @@ FLOAT_VALUES = ("0", "-1", "nan", "inf", "-inf", "1e30")
 LIST_VALUES = {"--sizes": ("-1", "", "x"), "--seeds": ("", "x", "-1")}  # compare's comma-separated integers
 HUGE = (str(2**31), str(10**20))
 # (option or (command, option)) -> values that are legitimate: the case may exit 0
-ZERO_OK = {"--seed", "--min-frequency", "--min-count", "--weight-decay", "--warmup-ratio", "--sample", "--min-alpha",
-           "--save-every", "--eval-every", "--no-repeat-ngram", "--port", "--max-wait-ms", "--graceful-timeout",
+ZERO_OK = {"--seed", "--min-frequency", "--min-count", "--weight-decay", "--warmup-ratio", "--sample", "--min-lr",
+           "--save-every", "--eval-every", "--no-repeat-ngram-size", "--port", "--max-wait-ms", "--graceful-timeout",
            "--top-k", ("glove train", "--alpha")}
 HUGE_OK = {"--seed", "--min-frequency", "--limit-alphabet", "--max-input-chars-per-word", "--shard-tokens",
-           "--save-every", "--eval-every", "--max-entries", "--top-k", "--no-repeat-ngram", "--share-negatives",
+           "--save-every", "--eval-every", "--max-entries", "--top-k", "--no-repeat-ngram-size", "--share-negatives",
            "--window", "--max-batch", "--max-texts", "--max-chars", "--max-new-tokens", "--vocab-size",
            ("tokenizer encode", "--max-length"), ("embed", "--max-length"), ("viz attention", "--max-length"),
            ("serve", "--max-length"), ("data prepare", "--workers"), ("embed", "--batch-size"),
@@ -726,7 +726,7 @@ def numeric_options(parser: argparse.ArgumentParser) -> list[tuple[str, tuple[st
     found = []
     for action in parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs:
+        if not longs or action.help == argparse.SUPPRESS:  # deprecated spellings act as their new names
             continue
         kind = action.type if action.type in (int, float) else getattr(action.type, "kind", None)
         if kind in (int, float):
@@ -978,12 +978,12 @@ def all_cases() -> list[Case]:
 CHECKPOINTING = {"pretrain", "finetune", "train-seq2seq", "compare"}  # their checkpoints do not fit in 64 KiB
 # Also in the fast subset: cases of the sweep that found bugs (each takes well under a second).
 FAST_EXTRA = {
-    "pretrain-malformed-data_manifest-list", "pretrain-malformed-data_manifest-non-utf8",
-    "pretrain-malformed-data_shard-sent-empty", "pretrain-malformed-config_toml-huge-int",
+    "pretrain-malformed-input_manifest-list", "pretrain-malformed-input_manifest-non-utf8",
+    "pretrain-malformed-input_shard-sent-empty", "pretrain-malformed-config_toml-huge-int",
     "train-seq2seq-malformed-config_toml-huge-int", "viz-training-malformed-pretrain-run_metrics-not-objects",
     "vectors-evaluate-malformed-vectors.txt_vectors-huge-header", "word2vec-train-num-window_2147483648",
     "word2vec-train-num-window_100000000000000000000", "word2vec-train-num-share-negatives_2147483648",
-    "word2vec-train-num-workers_128", "glove-train-num-workers_128", "generate-num-beams_2147483648",
+    "word2vec-train-num-workers_128", "glove-train-num-workers_128", "generate-num-num-beams_2147483648",
     "convert-vocab-to-hf_vocab-larger-than-the-model", "convert-vocab-to-hf_vocab-is-a-folder",
 }
 

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from lmforge.cli import main
-from lmforge.compare import subset
+from lmforge.compare import compare_config, learning_curve_figure, subset
+from lmforge.errors import LmforgeError
 from tests.toy_tasks import write_sequence
 
 CONFIG = """
@@ -52,6 +53,35 @@ def test_subset_is_class_balanced_and_seeded():
     assert chosen == subset(train, labels, 3, seed=0) != subset(train, labels, 3, seed=1)
     assert subset(train, labels, 0, seed=0) == train
     assert len(subset(train, labels, 6, seed=0)) == 10  # a class with fewer examples gives them all
+
+
+def _result(approach: str, family: str, per_class: int, size: int, seed: int, accuracy: float) -> dict:
+    return {"approach": approach, "family": family, "per_class": per_class, "size": size, "seed": seed,
+            "accuracy": accuracy, "f1": accuracy, "seconds": 1.0, "steps": 2}
+
+
+def test_the_learning_curve_counts_per_class_and_names_only_the_families_present():
+    """issue 23: the curve counted examples in total while the table counts per class, and its title always named
+    four families."""
+    config = compare_config({"sizes": [10, 50, 0], "seeds": [0, 1], "approach": [
+        {"name": "Transformer", "model": "bert-tiny"},
+        {"name": "RNN + word2vec", "family": "static", "model": "rnn-attn", "vectors": "word2vec"},
+        {"name": "MiniLM fine-tuned", "family": "finetune", "model": "@minilm"}]}, "test")
+    results = [_result("Transformer", "scratch", 10, 40, 0, 0.3), _result("Transformer", "scratch", 10, 40, 1, 0.5),
+               _result("Transformer", "scratch", 50, 200, 0, 0.6), _result("Transformer", "scratch", 0, 1000, 0, 0.9),
+               _result("RNN + word2vec", "static", 10, 40, 0, 0.7)]  # 4 classes; the MiniLM runs never finished
+    ax = learning_curve_figure(config, results).axes[0]
+    assert ax.get_title() == "Learning curves: (a) from scratch, (b) static embeddings"
+    assert ax.get_legend_handles_labels()[1] == ["(a) Transformer", "(b) RNN + word2vec"]
+    assert ax.get_xlabel() == "training examples per class (log scale)"
+    lines = [line for line in ax.get_lines() if len(line.get_xdata()) and line.get_marker() == "o"]
+    transformer = lines[0]
+    assert list(transformer.get_xdata()) == [10, 50, 250]  # 'all' = 1000 examples / 4 classes
+    assert list(transformer.get_ydata()) == pytest.approx([0.4, 0.6, 0.9])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["10", "50", "all\n(250)"]
+    assert learning_curve_figure(config, results, n_classes=5).axes[0].get_lines()[0].get_xdata()[-1] == 200
+    with pytest.raises(LmforgeError, match="no finished run"):
+        learning_curve_figure(config, [])
 
 
 def test_compare_writes_the_table_csv_and_curve(tmp_path, capsys):
@@ -110,6 +140,36 @@ def test_an_interrupted_comparison_resumes_without_repeating_finished_runs(tmp_p
     assert main(["-q", "compare", "--config", config, "--resume", "--seeds", "0,1,2"]) == 0
     assert sorted(calls) == [("RNN + word2vec (frozen)", 2), ("Transformer (scratch)", 2)]
     assert len(list(csv.DictReader((out / "compare.csv").open()))) == 6
+
+
+def test_a_failing_step_is_named_and_finished_runs_are_kept(tmp_path, monkeypatch, capsys):
+    """Issue 23: a diverged word2vec surfaced later as "the loss is nan" on some classifier; now each step of the
+    comparison (vectors, pretraining, every approach x size x seed) names itself in the error."""
+    import lmforge.compare as compare
+
+    def diverging_vectors(kind, *args, **kwargs):
+        raise LmforgeError("word2vec diverged: the loss became nan in epoch 1 (learning rate 0.02)")
+
+    monkeypatch.setattr(compare, "train_static_vectors", diverging_vectors)
+    config = _small_config(tmp_path)
+    assert main(["-q", "compare", "--config", config]) == 2
+    err = capsys.readouterr().err
+    assert "compare stopped at training the word2vec vectors (vectors_dim 16, 1 epochs): word2vec diverged" in err
+    monkeypatch.undo()
+
+    real = compare.run_one
+
+    def diverging_rnn(approach, *args, **kwargs):
+        if approach.family == "static":
+            raise LmforgeError("training diverged: the loss is nan at step 3 (lr 0.001)")
+        return real(approach, *args, **kwargs)
+
+    monkeypatch.setattr(compare, "run_one", diverging_rnn)
+    assert main(["-q", "compare", "--config", config, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "compare stopped at approach 'RNN + word2vec (frozen)' (3 per class, seed 0; folder " in err
+    assert "training diverged: the loss is nan at step 3" in err and "continue with --resume" in err
+    assert len((tmp_path / "out" / "runs.jsonl").read_text().splitlines()) == 2  # the Transformer's two seeds
 
 
 def test_resume_refuses_changed_data_settings_and_overwrite_moves_the_old_folder(tmp_path, capsys):

@@ -104,3 +104,50 @@ def test_wrong_model_or_task_is_a_clear_error(finetuned, tiny_encoder_dir):
         lmforge.pipeline("fill-mask", model=tiny_encoder_dir)
     with pytest.raises(LmforgeError, match="unknown pipeline"):
         lmforge.pipeline("summarization", model=out)
+
+
+# ---------------------------------------------------------------------------- top_k and probabilities (issue 23)
+def test_text_classification_top_k_ranks_the_class_probabilities(finetuned):
+    out, _, _ = finetuned("sequence")
+    best = lmforge.pipeline("text-classification", model=out)("alice great today")
+    ranked = lmforge.pipeline("text-classification", model=out, top_k=2)("alice great today")
+    assert [r["label"] for r in ranked] == [best["label"], {"pos": "neg", "neg": "pos"}[best["label"]]]
+    assert ranked[0]["score"] == pytest.approx(best["score"]) and ranked[0]["score"] >= ranked[1]["score"]
+    assert sum(r["score"] for r in ranked) == pytest.approx(1.0, abs=1e-5)  # both classes: a distribution
+    many = lmforge.pipeline("text-classification", model=out, top_k=1)(["alice great today", "bob awful later"])
+    assert len(many) == 2 and all(len(m) == 1 for m in many)
+    with pytest.raises(LmforgeError, match="top_k must be an integer >= 1"):
+        lmforge.pipeline("text-classification", model=out, top_k=0)
+
+
+def test_top_k_is_refused_where_there_is_one_answer(finetuned):
+    out, _, _ = finetuned("token")
+    with pytest.raises(LmforgeError, match="one answer per input"):
+        lmforge.pipeline("token-classification", model=out, top_k=3)
+
+
+def test_question_answering_score_is_the_start_end_probability_product(finetuned):
+    """Reproduction: the score was start_logit + end_logit (any real number); transformers' pipeline reports
+    softmax(start)[i] * softmax(end)[j] over the window, and so does lmforge's now."""
+    out, _, _ = finetuned("qa")
+    qa = lmforge.pipeline("question-answering", model=out)
+    item = {"question": "where lives bob ?", "context": "alice lives in paris . bob lives in rome ."}
+    answer = qa(item)
+    assert 0.0 < answer["score"] <= 1.0
+    from lmforge.data.readers import QAExample
+
+    example = QAExample("0", "", item["question"], item["context"], [], False)
+    (feature,) = qa.task.featurize([example], qa.tokenizer, training=False)  # the context fits one window
+    batch = qa.task.collate([feature], qa.tokenizer.pad_id)
+    batch = {k: v for k, v in batch.items() if k not in ("start_positions", "end_positions")}
+    with torch.no_grad():
+        logits = qa.model(**batch)
+    p_start, p_end = logits.start_logits[0].float().softmax(-1), logits.end_logits[0].float().softmax(-1)
+    longest = qa.task.config.max_answer_length
+    spans = torch.outer(p_start, p_end).triu().tril(longest - 1)  # (T, T): i <= j < i + max_answer_length
+    spans[0] = 0.0  # [CLS] is the empty answer, not a span
+    assert answer["score"] == pytest.approx(float(spans.max()), rel=1e-4)
+    ranked = lmforge.pipeline("question-answering", model=out, top_k=3)(item)
+    assert len(ranked) == 3 and ranked[0] == answer
+    assert ranked[0]["score"] >= ranked[1]["score"] >= ranked[2]["score"] > 0.0
+    assert sum(r["score"] for r in ranked) <= 1.0 + 1e-6

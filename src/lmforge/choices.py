@@ -66,3 +66,6 @@ WORD2VEC_MODES = ("exact", "fast")
 # contextual embeddings (lmforge.embeddings.contextual, lmforge embed) and the attention viewer (lmforge.viz.html)
 TEXT_POOLINGS = ("none", "mean", "cls")
 VIEWER_PRECISIONS = ("auto", "float32", "uint16", "uint8")
+# the attention PNG's colour scale (lmforge.viz.plots): weights 0..1 for every heat map, or each from 0 to its own
+# largest weight
+ATTENTION_SCALES = ("absolute", "relative")

@@ -20,7 +20,7 @@ from lmforge.commands import serve as serve_cmd
 from lmforge.commands import tokenizer as tok_cmd
 from lmforge.commands import vectors as vectors_cmd
 from lmforge.commands import viz as viz_cmd
-from lmforge.commands.options import annotate_ranges
+from lmforge.commands.vocabulary import apply_vocabulary, check_required
 from lmforge.errors import LmforgeError
 from lmforge.utils.io import describe_os_error
 from lmforge.utils.log import setup_logging  # noqa: F401  (re-exported: lmforge.cli.setup_logging)
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="lmforge", description="From attention to transfer learning.")
     parser.add_argument("--version", action="version", version=f"lmforge {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only print warnings and errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also print debug messages")
     parser.add_argument("--strict-utf8", action="store_true",
                         help="refuse input text that is not valid UTF-8 (default: replace the bad bytes by U+FFFD "
                              "and warn with their count)")
@@ -111,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                 groups[group].required = True
             sub = groups[group].add_parser(leaf, help=help_text, description=help_text)
         add_arguments(sub)
-        annotate_ranges(sub)
         sub.set_defaults(run=run, command_parser=sub)
+    apply_vocabulary(parser)
     return parser
 
 
@@ -144,14 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 bad = [u for u in unknown if u not in dotted] if hasattr(args, "overrides") else unknown
                 getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(bad)}")
+        check_required(args)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
-    setup_logging(args.quiet)
+    setup_logging(args.quiet, verbose=args.verbose)
     from lmforge.data.text import strict_utf8
+    from lmforge.utils.model_card import recording_command
 
     try:
-        with strict_utf8(args.strict_utf8):
-            return args.run(args)
+        with strict_utf8(args.strict_utf8), recording_command(sys.argv[1:] if argv is None else argv):
+            return args.run(args)  # recording_command: the run's README.md model card quotes the command line
     except LmforgeError as err:
         print(f"lmforge: error: {_one_line(str(err))}", file=sys.stderr)
         return 2
@@ -161,9 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             err.filename = f"writing {out}" if out else None
         print(f"lmforge: error: {describe_os_error(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("lmforge: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # a training run saves a checkpoint first and says so (TrainingInterrupted)
+        print(f"lmforge: {err}" if str(err) else "lmforge: interrupted", file=sys.stderr)
+        return getattr(err, "exit_code", 130)  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM
 
 
 def _one_line(message: str) -> str:

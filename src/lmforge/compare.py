@@ -29,6 +29,7 @@ A folder that already holds a comparison is otherwise refused, or moved aside wi
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
@@ -39,6 +40,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -454,6 +456,17 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
             "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": steps}
 
 
+@contextlib.contextmanager
+def failing_step(what: str) -> Iterator[None]:
+    """Name the comparison's step in an error raised inside it ("compare: approach 'w2v' (10 per class, seed 0):
+    the loss is nan ..."): a comparison runs dozens of trainings, and the message alone would not say which one."""
+    try:
+        yield
+    except LmforgeError as err:
+        raise LmforgeError(f"compare stopped at {what}: {err}. Finished runs are kept; fix the setting and continue "
+                           "with --resume") from err
+
+
 def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = False,
                 overwrite: bool = False) -> dict[str, Path]:
     """Run every approach x size x seed; write the CSV, the Markdown table and the learning curve.
@@ -510,8 +523,9 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
             sentences = [tokenizer.tokenize(t) for t in train_texts]
         start = time.perf_counter()
         epochs = config.glove_epochs if kind == "glove" else config.vectors_epochs
-        train_static_vectors(kind, sentences, vectors[kind], dim=config.vectors_dim, epochs=epochs,
-                             window=config.vectors_window, seed=config.split_seed)
+        with failing_step(f"training the {kind} vectors (vectors_dim {config.vectors_dim}, {epochs} epochs)"):
+            train_static_vectors(kind, sentences, vectors[kind], dim=config.vectors_dim, epochs=epochs,
+                                 window=config.vectors_window, seed=config.split_seed)
         vector_seconds[kind] = time.perf_counter() - start
         atomic_write_text(seconds_path, json.dumps(vector_seconds) + "\n")
 
@@ -521,8 +535,10 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
     for name in sorted({m[1:] for a in config.approach for m in a.models() if config.spec(m[1:]) is not None}):
         if name in pretrain_seconds and (out / "pretrained" / name / "config.json").is_file():
             continue  # resuming: pretrained before
-        pretrain_seconds[name] = pretrain_here(config.spec(name), train_texts, tokenizer_dir, data_dir / "pretraining",
-                                               out / "pretrained" / name, seed=config.split_seed)
+        with failing_step(f"pretraining [[pretrain]] {name!r} (folder {out / 'pretrained' / name})"):
+            pretrain_seconds[name] = pretrain_here(config.spec(name), train_texts, tokenizer_dir,
+                                                   data_dir / "pretraining", out / "pretrained" / name,
+                                                   seed=config.split_seed)
         if pretrain_path.is_file():  # another comparison in this folder may have pretrained a model meanwhile
             pretrain_seconds = {**json.loads(pretrain_path.read_text(encoding="utf-8")), **pretrain_seconds}
         atomic_write_text(pretrain_path, json.dumps(pretrain_seconds) + "\n")
@@ -542,7 +558,9 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
         for folder in member_dirs(run_dir, approach):
             if folder.exists():  # cut off by an interruption: our own scratch folder, started again
                 shutil.rmtree(folder)
-        result = run_one(approach, config, train_file, test_file, len(chosen), seed, tokenizer_dir, vectors, run_dir)
+        with failing_step(f"approach {approach.name!r} ({size or 'all'} per class, seed {seed}; folder {run_dir})"):
+            result = run_one(approach, config, train_file, test_file, len(chosen), seed, tokenizer_dir, vectors,
+                             run_dir)
         result["per_class"] = size
         results.append(result)
         if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
@@ -561,7 +579,7 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
     atomic_write_text(out / "compare.csv", buffer.getvalue())
     atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, len(test_idx),
                                                          pretrain_seconds))
-    plot_learning_curve(config, results, out / "learning_curve.png")
+    plot_learning_curve(config, results, out / "learning_curve.png", n_classes=len(set(labels)))
     atomic_write_text(out / "compare.json", json.dumps({"results": results, "vector_seconds": vector_seconds,
                                                         "pretrain_seconds": pretrain_seconds}, indent=2) + "\n")
     return {"csv": out / "compare.csv", "md": out / "compare.md", "png": out / "learning_curve.png"}
@@ -611,34 +629,78 @@ def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_
     return "\n".join(lines) + "\n"
 
 
-def plot_learning_curve(config: CompareConfig, results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+_FAMILY_LINES = {"scratch": ":", "static": "-.", "frozen": "--", "finetune": "-"}  # a family's lines look alike
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    from lmforge.utils.io import atomic_write_bytes
+def _classes_in(results: list[dict[str, Any]]) -> int:
+    """The number of classes, read back from the runs of a per-class size (``size`` = per_class x classes when every
+    class has that many training examples; a smaller class only lowers it, so the largest ratio is taken)."""
+    ratios = [round(r["size"] / r["per_class"]) for r in results if r.get("per_class")]
+    return max(ratios, default=1) or 1
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+
+def learning_curve_figure(config: CompareConfig, results: list[dict[str, Any]], *, n_classes: int | None = None):
+    """Test accuracy against training examples per class (log scale), as the table counts them: one line per
+    approach that has results (mean over seeds, the standard deviation as error bars), the families present named
+    in the title and each legend entry; ``sizes = 0`` ("all") sits at the mean count per class of the full training
+    split, its tick labelled "all".
+
+    Args:
+        n_classes: the number of classes (read back from the results when not given).
+
+    Returns:
+        A matplotlib Figure on the Agg canvas (pyplot's global state is untouched).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    n_classes = n_classes or _classes_in(results)
+    fig = Figure(figsize=(8, 5), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ticks: dict[float, str] = {}
+    families: list[str] = []
     for approach in config.approach:
         xs, means, errs = [], [], []
         for size in config.sizes:
             runs = [r for r in results if r["approach"] == approach.name and r["per_class"] == size]
             if not runs:
                 continue
-            xs.append(statistics.mean(r["size"] for r in runs))
+            x = size if size else statistics.mean(r["size"] for r in runs) / n_classes
+            ticks[x] = str(size) if size else f"all\n({x:.0f})"
+            xs.append(x)
             values = [r["accuracy"] for r in runs]
             means.append(statistics.mean(values))
             errs.append(statistics.stdev(values) if len(values) > 1 else 0.0)
-        ax.errorbar(xs, means, yerr=errs, marker="o", capsize=3, label=approach.name)
+        if not xs:  # no run of this approach finished: no line and no legend entry
+            continue
+        if approach.family not in families:
+            families.append(approach.family)
+        letter = FAMILIES[approach.family].split()[0]
+        ax.errorbar(xs, means, yerr=errs, marker="o", capsize=3, ls=_FAMILY_LINES[approach.family],
+                    label=f"{letter} {approach.name}")
+    if not families:
+        raise LmforgeError("no finished run to draw a learning curve from")
     ax.set_xscale("log")
-    ax.set_xlabel("training examples (log scale)")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(sorted(ticks), [ticks[x] for x in sorted(ticks)])
+    ax.set_xlabel("training examples per class (log scale)")
     ax.set_ylabel("test accuracy")
-    ax.set_title("Learning curves: from scratch, static embeddings, frozen encoder, pretrain + fine-tune")
+    ordered = [FAMILIES[f] for f in FAMILIES if f in families]
+    ax.set_title("Learning curves: " + ", ".join(ordered), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+def plot_learning_curve(config: CompareConfig, results: list[dict[str, Any]], path: Path, *,
+                        n_classes: int | None = None) -> None:
+    """Write ``learning_curve_figure`` as a PNG, atomically."""
+    from lmforge.utils.io import atomic_write_bytes
+
+    fig = learning_curve_figure(config, results, n_classes=n_classes)
     buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
+    fig.savefig(buffer, format="png")
     atomic_write_bytes(path, buffer.getvalue())

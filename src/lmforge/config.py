@@ -628,7 +628,13 @@ class TrainConfig:
     eval_every: int | None = None  # None: derived by the recipe (fine-tuning: every epoch; else 0 = off)
     eval_batches: int = 20
     log_every: int = 10
-    save_every: int | None = None  # None: derived by the recipe (fine-tuning: every epoch; else 0 = off)
+    # Checkpoints: every save_every steps (0 = none by steps) and every save_minutes minutes of training (0 = none by
+    # time), whichever comes first, and always at the end and on SIGTERM / SIGINT. None: the recipe's choice
+    # (fine-tuning, seq2seq: every epoch), else the default cadence of DEFAULT_SAVE_EVERY steps or
+    # DEFAULT_SAVE_MINUTES minutes, whose checkpoints are skipped while writing would take over 1/20 of the training
+    # time (lmforge.training.trainer).
+    save_every: int | None = None
+    save_minutes: float | None = None
     keep_last: int = 2
     seed: int = 0
     tensorboard: bool = False
@@ -660,6 +666,9 @@ class TrainConfig:
         for name in ("lr", "weight_decay", "beta1", "beta2", "eps", "warmup_ratio", "min_lr_ratio", "max_grad_norm"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name}={getattr(self, name)} must be a finite number")
+        if self.save_minutes is not None and not 0 <= self.save_minutes < math.inf:
+            problems.append(f"save_minutes={self.save_minutes} must be a finite number >= 0 (0 = no time-based "
+                            "checkpoints)")
         if problems:  # the range checks below would pass NaN
             raise LmforgeError("invalid train config: " + "; ".join(problems))
         if self.lr <= 0:
@@ -689,6 +698,11 @@ class TrainConfig:
     def warmup(self) -> int:
         """Warm-up steps: ``warmup_steps`` when given, else ``warmup_ratio * max_steps`` (which must be set)."""
         return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * self.max_steps)
+
+
+# The default checkpoint cadence (TrainConfig.save_every / save_minutes = None): whichever comes first.
+DEFAULT_SAVE_EVERY = 500
+DEFAULT_SAVE_MINUTES = 10.0
 
 
 @dataclass

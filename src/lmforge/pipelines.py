@@ -9,15 +9,18 @@ task                     model folder                                    call ->
                                                                          mask when there are several)
 ``text-classification``  ``lmforge finetune --task sequence|pair``       ``"text"`` or ``{"text", "text_pair"}``
                                                                          -> ``{"label", "score"}`` (``{"value"}``
-                                                                         for regression)
+                                                                         for regression); with ``top_k``: the
+                                                                         ``top_k`` best as a list
 ``token-classification`` ``lmforge finetune --task token`` (or span)     ``"text"`` -> ``[{"entity_group",
                                                                          "start", "end", "word", "score"}, ...]``
                                                                          with character offsets into the text
 ``question-answering``   ``lmforge finetune --task qa``                  ``{"question", "context"}`` ->
-                                                                         ``{"answer", "start", "end", "score"}``
+                                                                         ``{"answer", "start", "end", "score"}``;
+                                                                         with ``top_k``: a ranked list
 ``multiple-choice``      ``lmforge finetune --task choice``              ``{"text", "choices": [...]}`` ->
                                                                          ``{"label" (index), "choice", "score",
-                                                                         "probabilities"}``
+                                                                         "probabilities"}``; with ``top_k``: the
+                                                                         ``top_k`` best options as a list
 ``feature-extraction``   any encoder (lmforge or Hugging Face BERT)      ``"text"`` -> a vector (``pooling``
                                                                          ``mean``/``cls``) or one per token;
                                                                          with ``word_pooling``: ``{"words",
@@ -27,10 +30,17 @@ task                     model folder                                    call ->
 Every pipeline takes one input or a list of inputs (and then returns a list). Texts longer than the model's
 window are truncated with a counted warning, except for question answering, which slides windows over the
 context.
+
+Every ``score`` is a probability, as in Hugging Face's pipelines: a softmax over the classes, the options or the
+vocabulary; a tagged entity's is the mean of its words' tag probabilities; an answer's is the product of its start
+and end probabilities, each a softmax over the positions of the window the answer comes from (``p_start(i) *
+p_end(j)``, as transformers' question-answering pipeline computes it; SQuAD v2.0's empty answer scores
+``p_start([CLS]) * p_end([CLS])``).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +61,10 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
             feature-extraction).
         device: where the model runs.
         batch_size: inputs per forward pass.
-        options: per pipeline: ``top_k`` (fill-mask, 5); ``layers``, ``combine``, ``pooling`` or ``word_pooling``
-            (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts`` and ``embed_words``).
+        options: per pipeline: ``top_k`` (fill-mask: 5; text-classification, question-answering, multiple-choice:
+            None, one best answer as a dict; a number gives that many as a ranked list); ``layers``, ``combine``,
+            ``pooling`` or ``word_pooling`` (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts``
+            and ``embed_words``).
     """
     builders = {"fill-mask": FillMaskPipeline, "text-classification": TextClassificationPipeline,
                 "token-classification": TokenClassificationPipeline, "question-answering": QuestionAnsweringPipeline,
@@ -70,6 +82,12 @@ def _as_list(inputs: Any) -> tuple[list[Any], bool]:
     raise LmforgeError(f"expected a text, a dict or a list of them, got {type(inputs).__name__}")
 
 
+def _check_top_k(top_k: Any) -> int | None:
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise LmforgeError(f"top_k must be an integer >= 1 (or None for the best answer alone), got {top_k!r:.40}")
+    return top_k
+
+
 def _check_text(text: Any, what: str = "text") -> str:
     if not isinstance(text, str):
         raise LmforgeError(f"{what} must be a string, got {type(text).__name__}")
@@ -80,16 +98,22 @@ class _TaskPipeline:
     """A fine-tuned model folder: its model, task and tokenizer."""
 
     expected: tuple[str, ...] = ()
+    ranks = False  # has several answers to rank (top_k)
 
-    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32) -> None:
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32,
+                 top_k: int | None = None) -> None:
         from lmforge.recipes.finetune import load_task_model
 
+        self.top_k = _check_top_k(top_k)
         self.model, self.task, self.tokenizer = load_task_model(str(model))
         if self.task.config.task not in self.expected:
             raise LmforgeError(f"{model}: a model fine-tuned for {self.task.config.task!r}; this pipeline needs "
                                f"one fine-tuned for {' or '.join(self.expected)}")
         self.model.to(device).eval()
         self.batch_size = batch_size
+        if top_k is not None and not self.ranks:
+            raise LmforgeError(f"top_k: the {self.task.config.task!r} pipeline gives one answer per input; leave "
+                               "top_k out")
 
     def _predict(self, examples: list[Any]) -> list[Any]:
         features = self.task.featurize(examples, self.tokenizer, training=False)
@@ -98,6 +122,7 @@ class _TaskPipeline:
 
 class TextClassificationPipeline(_TaskPipeline):
     expected = ("sequence", "pair")
+    ranks = True
 
     def __call__(self, inputs: str | dict | list) -> Any:
         from lmforge.data.readers import ClassificationExample
@@ -115,7 +140,14 @@ class TextClassificationPipeline(_TaskPipeline):
             if self.task.pair and pair is None:
                 raise LmforgeError(f"input {i}: this model classifies sentence pairs; pass {{'text', 'text_pair'}}")
             examples.append(ClassificationExample(text, pair, None, i + 1))
-        results = [{k: v for k, v in p.items() if k != "probabilities"} for p in self._predict(examples)]
+        predictions = self._predict(examples)
+        if self.top_k is not None and self.task.regression:
+            raise LmforgeError("top_k: this model predicts a number (regression), not classes; leave top_k out")
+        if self.top_k is None:
+            results: list[Any] = [{k: v for k, v in p.items() if k != "probabilities"} for p in predictions]
+        else:
+            results = [[{"label": label, "score": score} for label, score in
+                        sorted(p["probabilities"].items(), key=lambda kv: -kv[1])[:self.top_k]] for p in predictions]
         return results[0] if single else results
 
 
@@ -165,7 +197,14 @@ class TokenClassificationPipeline(_TaskPipeline):
 
 
 class QuestionAnsweringPipeline(_TaskPipeline):
+    """Answers as spans of the context, scored by probability: the start and end logits of each window are turned
+    into log-probabilities (a softmax over the window's positions) before the span search, so a span's score is
+    ``log p_start(i) + log p_end(j)`` and ``score`` is its exponential; spans of different windows are then ranked
+    by probability, as in transformers' pipeline (``lmforge evaluate`` ranks by the sum of logits, as BERT's
+    SQuAD code does, and may prefer another window's span when two windows disagree)."""
+
     expected = ("qa",)
+    ranks = True
 
     def __call__(self, inputs: dict | list[dict]) -> Any:
         from lmforge.data.readers import QAExample
@@ -177,13 +216,47 @@ class QuestionAnsweringPipeline(_TaskPipeline):
                 raise LmforgeError(f"input {i}: expected a dict with exactly the keys question and context")
             examples.append(QAExample(str(i), "", _check_text(item["question"], "question"),
                                       _check_text(item["context"], "context"), [], False))
-        results = [{"answer": p["text"], "start": p["start"], "end": p["end"], "score": p.get("score")}
-                   for p in self._predict(examples)]
+        features = self.task.featurize(examples, self.tokenizer, training=False)
+        results: list[Any] = []
+        for prediction in self._answer(examples, features):
+            if self.top_k is None:
+                results.append(self._answer_dict(prediction))
+            else:
+                ranked = [e for e in prediction.get("n_best", [prediction]) if e.get("score") is not None]
+                results.append([self._answer_dict(e) for e in ranked[:self.top_k]])
         return results[0] if single else results
+
+    def _answer(self, examples: list[Any], features: list[Any]) -> list[dict[str, Any]]:
+        """``decode_qa`` of the examples over log-softmaxed start and end logits (see the class docstring)."""
+        from lmforge.data.qa_features import decode_qa
+        from lmforge.tasks.base import run_model
+
+        starts: list[Any] = [None] * len(features)
+        ends: list[Any] = [None] * len(features)
+        collate = lambda fs: self.task.collate(fs, self.tokenizer.pad_id)  # noqa: E731
+        for chunk, out in run_model(self.model, features, collate, self.batch_size,
+                                    drop=("start_positions", "end_positions")):
+            s = out.start_logits.float().log_softmax(-1).cpu().numpy()  # (B, T): masked positions stay ~ -inf
+            e = out.end_logits.float().log_softmax(-1).cpu().numpy()
+            for j, i in enumerate(chunk):
+                n = len(features[i]["input_ids"])
+                starts[i], ends[i] = s[j, :n], e[j, :n]
+        c = self.task.config
+        n_best = max(c.n_best, self.top_k or 1)
+        decoded = decode_qa(examples, features, starts, ends, n_best=n_best, max_answer_length=c.max_answer_length,
+                            version_2=bool(c.version_2), null_threshold=c.null_threshold)
+        return [decoded[e.id] for e in examples]
+
+    @staticmethod
+    def _answer_dict(entry: dict[str, Any]) -> dict[str, Any]:
+        score = entry.get("score")
+        return {"answer": entry["text"], "start": entry["start"], "end": entry["end"],
+                "score": None if score is None else math.exp(score)}
 
 
 class MultipleChoicePipeline(_TaskPipeline):
     expected = ("choice",)
+    ranks = True
 
     def __call__(self, inputs: dict | list[dict]) -> Any:
         from lmforge.data.readers import ChoiceExample
@@ -198,7 +271,11 @@ class MultipleChoicePipeline(_TaskPipeline):
                 raise LmforgeError(f"input {i}: choices must be a list of two or more option texts")
             examples.append(ChoiceExample(_check_text(item["text"]),
                                           tuple(_check_text(c, "an option") for c in choices), None, i + 1))
-        results = self._predict(examples)
+        results: list[Any] = self._predict(examples)
+        if self.top_k is not None:
+            results = [[{"label": k, "choice": ex.choices[k], "score": p["probabilities"][k]}
+                        for k in sorted(range(len(ex.choices)), key=lambda k: -p["probabilities"][k])[:self.top_k]]
+                       for ex, p in zip(examples, results, strict=True)]
         return results[0] if single else results
 
 
@@ -215,8 +292,8 @@ class FillMaskPipeline:
                                "folder)")
         if loaded.tokenizer is None:
             raise LmforgeError(f"{model}: the model folder has no tokenizer (vocab.txt)")
-        if top_k < 1:
-            raise LmforgeError(f"top_k must be >= 1, got {top_k}")
+        if _check_top_k(top_k) is None:
+            raise LmforgeError("top_k must be an integer >= 1 for fill-mask, got None")
         self.model, self.tokenizer, self.top_k, self.batch_size = loaded.model.to(device).eval(), \
             loaded.tokenizer, top_k, batch_size
         self.device = device

@@ -39,5 +39,5 @@ def test_compact_encoders_fine_tune_for_every_task(backbone, task, tmp_path, cap
         assert all(layer is layers[0] for layer in layers)  # still one shared layer after fine-tuning and loading
     recorded = json.loads((out / "eval_results.json").read_text())[METRIC[task]]
     capsys.readouterr()
-    assert main(["-q", "evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert json.loads(capsys.readouterr().out)[METRIC[task]] == pytest.approx(recorded, abs=1e-9)

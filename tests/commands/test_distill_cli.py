@@ -28,7 +28,7 @@ def teacher(tmp_path_factory, bbc_dir):
                  "--algorithm", "bpe-count"]) == 0
     assert main(["data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(corpus), "--out",
                  str(root / "data"), "--workers", "1"]) == 0
-    assert main(["pretrain", "--preset", "bert-tiny", "--objective", "mlm", "--data", str(root / "data"), "--out",
+    assert main(["pretrain", "--preset", "bert-tiny", "--objective", "mlm", "--input", str(root / "data"), "--out",
                  str(root / "teacher"), "--max-steps", "2", "--batch-size", "4", "--seq-len", "32", *TINY]) == 0
     loaded = load_backbone(root / "teacher")  # the same teacher without its MLM head
     save_pretrained(loaded.model, root / "headless", config=loaded.config, tokenizer=loaded.tokenizer)
@@ -41,7 +41,7 @@ def records(run):
 
 def test_distilbert_triple_loss_student(teacher, tmp_path, caplog, capsys):
     out = tmp_path / "student"
-    args = ["distill", "--teacher", str(teacher / "teacher"), "--data", str(teacher / "data"), "--out", str(out),
+    args = ["distill", "--teacher", str(teacher / "teacher"), "--input", str(teacher / "data"), "--out", str(out),
             "--batch-size", "4", "--seq-len", "32", "--save-every", "2", "--train.log_every=1",
             "--train.eval_batches=1"]
     with caplog.at_level(logging.INFO, logger="lmforge"):
@@ -66,7 +66,7 @@ def test_distilbert_triple_loss_student(teacher, tmp_path, caplog, capsys):
 def test_headless_teacher_uses_attention_relations(teacher, tmp_path, caplog, capsys):
     out = tmp_path / "minilm-style"
     with caplog.at_level(logging.INFO, logger="lmforge"):
-        assert main(["distill", "--teacher", str(teacher / "headless"), "--student-layers", "1,3", "--data",
+        assert main(["distill", "--teacher", str(teacher / "headless"), "--student-layers", "1,3", "--input",
                      str(teacher / "data"), "--out", str(out), "--max-steps", "2", "--batch-size", "4",
                      "--seq-len", "32", "--train.log_every=1"]) == 0, capsys.readouterr().err
     assert "has no MLM head" in caplog.text and "value relations" in caplog.text
@@ -81,7 +81,7 @@ def test_headless_teacher_uses_attention_relations(teacher, tmp_path, caplog, ca
     (["--student-layers", "0,7"], "student_layers=[0, 7]"),
 ])
 def test_bad_distillation_options(teacher, tmp_path, capsys, extra, message):
-    code = main(["distill", "--teacher", str(teacher / "headless"), "--data", str(teacher / "data"), "--out",
+    code = main(["distill", "--teacher", str(teacher / "headless"), "--input", str(teacher / "data"), "--out",
                  str(tmp_path / "x"), "--max-steps", "1", "--batch-size", "2", "--seq-len", "32", *extra])
     assert code != 0
     assert message in capsys.readouterr().err
@@ -95,7 +95,7 @@ def test_minilm_teacher(minilm_dir, bbc_dir, tmp_path, capsys):
     assert main(["data", "prepare", "--tokenizer", str(minilm_dir), "--input", str(corpus), "--out",
                  str(tmp_path / "data"), "--workers", "1"]) == 0
     out = tmp_path / "student"
-    assert main(["distill", "--teacher", str(minilm_dir), "--data", str(tmp_path / "data"), "--out", str(out),
+    assert main(["distill", "--teacher", str(minilm_dir), "--input", str(tmp_path / "data"), "--out", str(out),
                  "--max-steps", "1", "--batch-size", "2", "--seq-len", "32", "--train.eval_batches=1"]) == 0, \
         capsys.readouterr().err
     student = load_pretrained(out)

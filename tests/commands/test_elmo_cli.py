@@ -30,7 +30,7 @@ def bilm_run(tmp_path_factory, bbc_dir):
     assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(corpus), "--out",
                  str(root / "data"), "--workers", "1"]) == 0
     out = root / "run"
-    assert main(["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--data", str(root / "data"),
+    assert main(["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--input", str(root / "data"),
                  "--out", str(out), "--max-steps", "3", "--batch-size", "4", "--seq-len", "16", *TINY]) == 0
     return out
 
@@ -79,5 +79,5 @@ def test_finetune_on_frozen_elmo(bilm_run, tmp_path, task, extra, capsys):
         assert torch.equal(loaded.model.backbone.bilm.state_dict()[name], tensor), name
     assert not torch.equal(loaded.model.backbone.mix.weights, torch.zeros(3))
     capsys.readouterr()
-    assert main(["-q", "evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert ("f1" if task == "token" else "accuracy") in json.loads(capsys.readouterr().out)

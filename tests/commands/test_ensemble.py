@@ -21,7 +21,7 @@ def finetune(model_dir, train, out, *extra: str) -> None:
 
 def predict(models: list[str], data, out) -> list[dict]:
     assert main(["-q", "predict", *[a for m in models for a in ("--model", str(m))], "--input", str(data),
-                 "--output", str(out)]) == 0
+                 "--out", str(out)]) == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -53,7 +53,7 @@ def test_the_ensemble_averages_the_members_probabilities(classifiers, tmp_path, 
                for ra, rb in zip(pa, pb, strict=True))  # the members differ, so the check above means something
     # evaluate scores the averaged labels
     capsys.readouterr()
-    assert main(["-q", "evaluate", "--model", str(a), "--model", str(b), "--data", str(dev)]) == 0
+    assert main(["-q", "evaluate", "--model", str(a), "--model", str(b), "--test", str(dev)]) == 0
     metrics = json.loads(capsys.readouterr().out)
     with open(dev, newline="", encoding="utf-8") as f:
         gold = [row["label"] for row in csv.DictReader(f)]
@@ -72,7 +72,7 @@ def test_members_that_do_not_agree_are_refused(classifiers, tiny_encoder_dir, tm
         writer.writerows(rows)
     finetune(tiny_encoder_dir, other, tmp_path / "renamed")
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(a), "--model", str(tmp_path / "renamed"), "--data", str(dev)]) != 0
+    assert main(["evaluate", "--model", str(a), "--model", str(tmp_path / "renamed"), "--test", str(dev)]) != 0
     err = capsys.readouterr().err
     assert "the ensemble's label sets differ" in err and str(a) in err and str(tmp_path / "renamed") in err
     # another task
@@ -81,7 +81,7 @@ def test_members_that_do_not_agree_are_refused(classifiers, tiny_encoder_dir, tm
                  "--out", str(tmp_path / "tagger"), "--max-steps", "1", "--batch-size", "8", "--max-length", "32"]) == 0
     capsys.readouterr()
     out = tmp_path / "p.jsonl"
-    assert main(["predict", "--model", f"{a},{tmp_path / 'tagger'}", "--input", str(dev), "--output", str(out)]) != 0
+    assert main(["predict", "--model", f"{a},{tmp_path / 'tagger'}", "--input", str(dev), "--out", str(out)]) != 0
     err = capsys.readouterr().err
     assert f"{tmp_path / 'tagger'}: a model fine-tuned for 'token'; an ensemble" in err and not out.exists()
 

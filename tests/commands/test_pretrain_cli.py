@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from lmforge.cli import main
 from lmforge.models.pretrained import load_pretrained
 
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model.n_layers=1", "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32",
         "--model.max_seq_len=32", "--train.log_every=1", "--train.eval_batches=1"]
 
@@ -164,3 +172,66 @@ def test_bad_transformer_xl_options(prepared, tmp_path, capsys, extra, message):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints by default
+def _pretrain_process(prepared, out, *extra: str) -> subprocess.Popen:
+    """``lmforge pretrain`` (GPT, clm) of a tiny model in its own process, with the default checkpoint options."""
+    args = [sys.executable, "-m", "lmforge", "-q", "pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data",
+            str(prepared / "data"), "--out", str(out), "--batch-size", "2", "--seq-len", "16", *TINY, *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended (status {proc.returncode}) before {what}: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.02)
+
+
+def test_kill_9_of_a_default_pretrain_then_resume_auto_equals_the_uninterrupted_run(prepared, tmp_path, capsys):
+    """Issue 23: without --save-every nothing was kept, so "after kill -9, continues exactly" did not hold by default.
+    Now the default cadence (every 500 steps or 10 minutes) keeps step-500 of a 700-step run."""
+    from safetensors.torch import load_file
+
+    from tests.training.helpers import without_timing
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    procs = [_pretrain_process(prepared, whole, "--max-steps", "700"),
+             _pretrain_process(prepared, killed, "--max-steps", "700")]
+    _wait_for(lambda: (killed / "checkpoints" / "step-500").is_dir(), procs[1], "checkpoint step-500")
+    procs[1].kill()  # SIGKILL: no handler, no last checkpoint
+    assert procs[1].wait() == -signal.SIGKILL
+    assert procs[0].wait(timeout=600) == 0, procs[0].stderr.read()
+    assert not (killed / "model.safetensors").exists()
+    code = main(["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(prepared / "data"), "--out",
+                 str(killed), "--batch-size", "2", "--seq-len", "16", *TINY, "--max-steps", "700", "--resume", "auto"])
+    assert code == 0, capsys.readouterr().err
+    a, b = (json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()), \
+        (json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines())
+    a, b = without_timing(list(a)), without_timing(list(b))
+    assert [r["step"] for r in b if "loss" in r] == list(range(1, 701)) and a == b
+    wa, wb = load_file(str(whole / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigterm_saves_a_checkpoint_exits_143_and_resume_auto_continues(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    proc = _pretrain_process(prepared, out, "--max-steps", "100000", "--save-every", "0", "--save-minutes", "0")
+    metrics = out / "metrics.jsonl"
+    _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3, proc, "3 logged steps")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    [checkpoint] = (out / "checkpoints").iterdir()
+    step = int(checkpoint.name.split("-")[1])
+    assert 3 <= step < 100000 and f"training interrupted by SIGTERM: saved {checkpoint}" in err
+    assert "continue with --resume auto" in err
+    code = main(["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(prepared / "data"), "--out",
+                 str(out), "--batch-size", "2", "--seq-len", "16", *TINY, "--max-steps", str(step + 2), "--resume",
+                 "auto"])
+    assert code == 0, capsys.readouterr().err
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps[-3:] == [step + 1, step + 2, step + 2]  # two more training lines, then the final evaluation

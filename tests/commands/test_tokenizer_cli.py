@@ -39,7 +39,7 @@ def test_train_then_encode(tmp_path, corpus, capsys):
     pairs.write_text("On the mat.\nThe log.\n", encoding="utf-8")
     target = tmp_path / "enc.jsonl"
     assert main(["tokenizer", "encode", "--tokenizer", str(out), "--input", str(lines), "--pair-input",
-                 str(pairs), "--max-length", "8", "--output", str(target)]) == 0
+                 str(pairs), "--max-length", "8", "--out", str(target)]) == 0
     records = [json.loads(line) for line in target.read_text().splitlines()]
     assert len(records) == 2
     expected = tok("The cat sat.", "On the mat.", max_length=8, truncation=True, return_offsets=True)
@@ -84,12 +84,12 @@ def test_encode_bad_inputs(tmp_path, capsys):
     (tmp_path / "in.txt").write_text("hello\n", encoding="utf-8")
     (tmp_path / "pairs.txt").write_text("a\nb\n", encoding="utf-8")
     code = main(["tokenizer", "encode", "--tokenizer", str(tok_dir), "--input", str(tmp_path / "in.txt"),
-                 "--output", str(tmp_path / "o.jsonl")])
+                 "--out", str(tmp_path / "o.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and "vocab.txt" in err and "[CLS]" in err
     WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello"]).save_pretrained(tok_dir,
                                                                                                overwrite=True)
     code = main(["tokenizer", "encode", "--tokenizer", str(tok_dir), "--input", str(tmp_path / "in.txt"),
-                 "--pair-input", str(tmp_path / "pairs.txt"), "--output", str(tmp_path / "o.jsonl")])
+                 "--pair-input", str(tmp_path / "pairs.txt"), "--out", str(tmp_path / "o.jsonl")])
     assert code == 2 and "has 2 lines but" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()

@@ -39,13 +39,13 @@ def ulmfit(tmp_path_factory, bbc_dir):
     assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(general), "--out",
                  str(root / "data_a"), "--workers", "1"]) == 0
     # stage (a): general-domain LM
-    assert main(["-q", "pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--data",
+    assert main(["-q", "pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--input",
                  str(root / "data_a"), "--out", str(root / "lm_a"), "--max-steps", "4", "--batch-size", "4",
                  "--seq-len", "20", "--lr", "3e-3", "--train.schedule=slanted_triangular", *TINY]) == 0
     # stage (b): the target text, prepared with stage (a)'s tokenizer, from stage (a)'s weights
     assert main(["-q", "data", "prepare", "--tokenizer", str(root / "lm_a"), "--input", str(target), "--out",
                  str(root / "data_b"), "--workers", "1"]) == 0
-    assert main(["-q", "pretrain", "--init-from", str(root / "lm_a"), "--objective", "awd_lm", "--data",
+    assert main(["-q", "pretrain", "--init-from", str(root / "lm_a"), "--objective", "awd_lm", "--input",
                  str(root / "data_b"), "--out", str(root / "lm_b"), "--max-steps", "3", "--batch-size", "4",
                  "--seq-len", "20", "--layer-decay", "0.385", "--train.schedule=slanted_triangular",
                  "--train.log_every=1"]) == 0
@@ -90,11 +90,11 @@ def test_stage_c_classifier_with_gradual_unfreezing_and_stlr(ulmfit, capsys):
     assert loaded.head["type"] == "sequence_classification"
     assert type(loaded.model.head).__name__ == "ConcatPoolingClassifierHead"
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(out), "--data", str(ulmfit / "dev.csv")]) == 0
+    assert main(["evaluate", "--model", str(out), "--test", str(ulmfit / "dev.csv")]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["accuracy"] == pytest.approx(results["accuracy"])
     # the stage-(c) folder holds a finetune checkpoint: resuming it as an LM stage is refused, naming both
-    code = main(["pretrain", "--init-from", str(ulmfit / "lm_a"), "--objective", "awd_lm", "--data",
+    code = main(["pretrain", "--init-from", str(ulmfit / "lm_a"), "--objective", "awd_lm", "--input",
                  str(ulmfit / "data_b"), "--out", str(out), "--max-steps", "6", "--batch-size", "4",
                  "--seq-len", "20", "--resume", "auto"])
     assert code != 0
@@ -111,7 +111,7 @@ def test_generate_continues_a_prompt_from_the_lm_run(ulmfit, capsys):
 
 
 def test_a_corpus_too_small_for_the_bptt_length(ulmfit, tmp_path, capsys):
-    code = main(["pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--data", str(ulmfit / "data_a"),
+    code = main(["pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--input", str(ulmfit / "data_a"),
                  "--out", str(tmp_path / "x"), "--max-steps", "2", "--batch-size", "4", "--seq-len", "100000",
                  *TINY])
     assert code != 0

@@ -8,6 +8,7 @@ import pytest
 from lmforge.data.schemes import (
     allowed_transitions,
     check_scheme,
+    close_labels,
     convert_tags,
     detect_scheme,
     entity_types,
@@ -167,3 +168,30 @@ def test_allowed_transitions_spot_checks():
     assert [row[2] for row in transitions] == [False, True, True]  # I-A only after B-A / I-A
     with pytest.raises(LmforgeError, match="does not belong to the BIO scheme"):
         allowed_transitions(["O", "E-A"], "BIO")
+
+
+# ----------------------------------------------------------------------------------------------- closed label sets
+
+
+def test_close_labels_adds_the_inside_tag_of_a_type_seen_only_at_a_start():
+    # issue 23: the Twitter data has B-sportsteam in training but the test file's I-sportsteam was unknown
+    assert close_labels(["O", "B-sportsteam", "B-person", "I-person"], "BIO") == \
+        ["O", "B-person", "I-person", "B-sportsteam", "I-sportsteam"]
+
+
+def test_close_labels_under_bioes_brings_all_four_prefixes():
+    assert close_labels(["S-PER", "O"], "BIOES") == ["O", "B-PER", "I-PER", "E-PER", "S-PER"]
+    assert close_labels(["U-LOC", "L-PER"], "BILOU") == close_labels(["S-LOC", "E-PER"], "BIOES")
+
+
+def test_close_labels_always_has_o_and_is_closed():
+    labels = close_labels(["I-geo-loc"], "IOB1")
+    assert labels == ["O", "B-geo-loc", "I-geo-loc"]
+    assert close_labels(labels, "BIO") == labels  # closing twice changes nothing
+
+
+def test_close_labels_refuses_a_tag_outside_the_scheme():
+    with pytest.raises(LmforgeError, match="does not belong to the BIO scheme"):
+        close_labels(["S-PER"], "BIO")
+    with pytest.raises(LmforgeError, match="malformed tag"):
+        close_labels(["PER"], "BIO")

@@ -124,3 +124,14 @@ def test_no_cooccurrence_is_an_error():
     vocab = corpus.build_vocabulary(min_count=1)
     with pytest.raises(LmforgeError, match="no two kept words co-occur"):
         train_glove(corpus, vocab, GloVeConfig(min_count=1, epochs=1, workers=1))
+
+
+def test_a_diverging_fit_stops_at_the_first_non_finite_batch():
+    corpus = EncodedCorpus.from_sentences(planted_corpus(200))
+    vocab = corpus.build_vocabulary(min_count=1)
+    config = GloVeConfig(dim=8, window=3, min_count=1, epochs=3, lr=1e20, batch_size=64, workers=1)
+    epochs = []
+    with pytest.raises(LmforgeError, match=r"GloVe diverged: the loss became (nan|inf) in epoch 1 .*were not saved.*"
+                                           r"lower it \(lr, --lr; now 1e\+20"):
+        train_glove(corpus, vocab, config, on_epoch=epochs.append)
+    assert epochs == []  # no epoch was reported: the fit stopped inside the first one

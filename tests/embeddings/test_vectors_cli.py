@@ -10,6 +10,7 @@ import pytest
 
 from lmforge import cli
 from lmforge.commands import vectors as vectors_cmd
+from lmforge.embeddings import sgns
 from lmforge.embeddings.io import load_word2vec, save_word2vec
 from lmforge.embeddings.vectors import KeyedVectors
 from tests.embeddings.synthetic import planted_corpus
@@ -118,3 +119,31 @@ def test_evaluate_vectors_file_with_a_bad_header(tmp_path, capsys):
     assert f"{path}, line 5: the header says 4 vectors but the file ends after 3" in err
     assert cli.main(["vectors", "evaluate", str(path)]) == 2  # argparse: --pairs or --analogies is required
     assert "one of the arguments --pairs --analogies is required" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_vectors_that_hold_nan(tmp_path, capsys):
+    """Issue 23: NaN vectors (a diverged training) were scored, Spearman -0.8; now they are refused by name."""
+    path = tmp_path / "v.txt"
+    path.write_text("3 2\nking nan nan\nqueen 0.5 0.1\nman 0.2 inf\n", encoding="utf-8")
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("king queen 8.5\nqueen man 3.0\nking man 5.0\n", encoding="utf-8")
+    assert cli.main(["vectors", "evaluate", str(path), "--pairs", str(pairs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: 2 of 3 vectors hold NaN or infinite values ('king', 'man')" in err and "Train them again" in err
+    assert "spearman" not in capsys.readouterr().out
+
+
+def test_a_diverging_word2vec_run_exits_2_and_writes_nothing(tmp_path, corpus, capsys):
+    """A non-finite loss stops training with exit status 2 and a message naming the option, never "final loss nan"
+    with exit 0 and NaN vectors on disk."""
+    out = tmp_path / "w2v.txt"
+    mode = ["--mode", "exact"] if sgns.available() else ["--mode", "fast", "--share-negatives", "1"]
+    code = cli.main(["word2vec", "train", "--input", str(corpus), "--out", str(out), "--dim", "8", "--min-count",
+                     "1", "--workers", "1", "--lr", "50", "--min-lr", "0", *mode])
+    captured = capsys.readouterr()
+    if code == 0:  # the batched mode's damping bounds every step: even this rate stays finite there
+        assert not sgns.available() and np.isfinite(load_word2vec(out).vectors).all()
+        return
+    assert code == 2 and "word2vec diverged: the loss became nan in epoch 1" in captured.err
+    assert "--lr; now 50" in captured.err and "final loss" not in captured.out
+    assert not out.exists() and not (tmp_path / "w2v.metrics.jsonl").exists()

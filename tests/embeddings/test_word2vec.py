@@ -3,6 +3,9 @@ and planted synonyms."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch
 from lmforge.embeddings import sgns
 from lmforge.embeddings.vocab import EncodedCorpus, Vocabulary, encode_corpus
 from lmforge.embeddings.word2vec import (
+    ARCHITECTURES,
     CBOW,
     BlockBatch,
     NoiseSampler,
@@ -168,6 +172,36 @@ def test_skipgram_damps_only_the_rows_used_more_than_the_cap():
         torch.testing.assert_close(moved, -0.1 * grad * scale, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("bound", [6.0, 10.0])
+def test_skipgram_damps_only_the_rows_whose_summed_step_would_overshoot(bound):
+    torch.manual_seed(0)
+    model = SkipGram(5, 7, max_row_curvature=bound)  # 5 words: every word is used many times in the batch
+    model.input_vectors.data.normal_()
+    model.output_vectors.data.normal_()
+    batch, lr = _tiny_batch(3, vocab=5), 0.1
+    with torch.enable_grad():
+        model.requires_grad_(True)
+        model.pair_loss(batch)[0].backward()
+        model.requires_grad_(False)
+    # each row's curvature, pair by pair: lr * sigma'(s) * |vector on the other side|^2 over the scores it is in
+    g = batch.share
+    block, row, col = batch.pairs.nonzero(as_tuple=True)
+    context, center, negatives = batch.rows[block, row], batch.targets[block, col], batch.targets[block, g:]
+    x, t = model.input_vectors, model.output_vectors
+    curv_in, curv_out = torch.zeros(5), torch.zeros(5)
+    for c, o, negs in zip(context.tolist(), center.tolist(), negatives.tolist(), strict=True):
+        for target in [o] + [n for n in negs if n != o]:
+            sig = torch.sigmoid(x[c] @ t[target])
+            curv_in[c] += lr * sig * (1 - sig) * t[target].square().sum()
+            curv_out[target] += lr * sig * (1 - sig) * x[c].square().sum()
+    assert all((curv > bound).any() and (curv < bound).any() for curv in (curv_in, curv_out))  # damped and not
+    before_in, before_out = x.clone(), t.clone()
+    model.sgd_step(batch, lr=lr)
+    for moved, grad, curv in ((x - before_in, x.grad, curv_in), (t - before_out, t.grad, curv_out)):
+        scale = (bound / curv.clamp(min=bound))[:, None]  # 1 (the plain SGD step) for rows at or below the bound
+        torch.testing.assert_close(moved, -lr * grad * scale, atol=1e-6, rtol=1e-5)
+
+
 def test_cbow_step_follows_the_c_tool():
     torch.manual_seed(0)
     model = CBOW(13, 7)
@@ -247,6 +281,46 @@ def test_training_without_any_pair_is_an_error(mode):
         train_word2vec(corpus, vocab, Word2VecConfig(mode=mode, min_count=1, epochs=1, workers=1))
 
 
+def _bbc_word_pieces(bbc_dir, files: int = 100) -> list[list[str]]:
+    """BBC News lines cut into word pieces as a likelihood-trained WordPiece vocabulary cuts most words ("th ##e",
+    README, section 1): a word's first character, then "##" + each following one. 100 files give about 150,000
+    pieces of 90 kinds, every one of them frequent."""
+    from lmforge.data.text import collect_text_files, read_texts
+
+    return [[piece for word in line.split() for piece in [word[0], *("##" + ch for ch in word[1:])]]
+            for _, text in read_texts(collect_text_files([bbc_dir])[:files]) for line in text.lower().splitlines()
+            if line.split()]
+
+
+def test_fast_mode_trains_word_pieces_at_gensims_learning_rate(bbc_dir):
+    """Issue 23: on word pieces the batched mode at alpha 0.025 ended with loss nan and NaN vectors (exit 0). Every
+    piece takes part in hundreds of pairs per batch, and their summed stale updates overshot; the curvature bound
+    (``max_row_curvature``) keeps each summed step inside the local quadratic model."""
+    corpus = EncodedCorpus.from_sentences(_bbc_word_pieces(bbc_dir))
+    vocab = corpus.build_vocabulary(min_count=5)
+    config = Word2VecConfig(mode="fast", epochs=2, workers=1, seed=1)
+    # the damping before the fix (by use counts alone) diverges; training now stops at the first non-finite loss
+    with pytest.raises(LmforgeError, match=r"word2vec diverged: the loss became (nan|inf) in epoch 1 .*were not saved"
+                                           r".*--lr; now 0.025"):
+        train_word2vec(corpus, vocab, dataclasses.replace(config, max_row_curvature=None))
+    for architecture in ARCHITECTURES:
+        result = train_word2vec(corpus, vocab, dataclasses.replace(config, architecture=architecture))
+        losses = [e.loss for e in result.epochs]
+        assert np.isfinite(result.vectors.vectors).all() and all(math.isfinite(v) for v in losses)
+        assert losses[-1] < losses[0] < 3.5, (architecture, losses)  # it learns (the first batches start at 4.2)
+
+
+@needs_kernel
+def test_exact_mode_stops_at_the_first_non_finite_loss(planted):
+    corpus, vocab = planted
+    config = Word2VecConfig(mode="exact", dim=8, min_count=1, epochs=3, alpha=50.0, min_alpha=0.0, workers=1)
+    epochs = []
+    with pytest.raises(LmforgeError, match=r"word2vec diverged: the loss became nan in epoch 1 .*lower the learning "
+                                           r"rate \(alpha, --lr; now 50\)"):
+        train_word2vec(corpus, vocab, config, on_epoch=epochs.append)
+    assert epochs == []  # stopped inside the first epoch, not at its end
+
+
 def test_config_validation():
     with pytest.raises(LmforgeError, match="architecture='sgns'"):
         Word2VecConfig(architecture="sgns")
@@ -254,6 +328,8 @@ def test_config_validation():
         Word2VecConfig(window=0)
     with pytest.raises(LmforgeError, match="sample"):
         Word2VecConfig(sample=1.5)
+    with pytest.raises(LmforgeError, match="max_row_curvature=0"):
+        Word2VecConfig(max_row_curvature=0)
 
 
 def test_device_errors():

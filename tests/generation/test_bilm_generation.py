@@ -195,7 +195,7 @@ def bilm_run(tmp_path_factory):
     assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(corpus), "--out",
                  str(root / "data"), "--workers", "1"]) == 0
     out = root / "run"
-    assert main(["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--data", str(root / "data"),
+    assert main(["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--input", str(root / "data"),
                  "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "16", *TINY]) == 0
     return out
 
@@ -208,7 +208,7 @@ def test_lmforge_generate_continues_prompts_with_a_pretrained_bilm(bilm_run, tmp
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("alice went to\nbob\n", encoding="utf-8")
     results = []
-    for flags in ([], ["--strategy", "beam", "--beams", "3", "--top", "2"],
+    for flags in ([], ["--strategy", "beam", "--num-beams", "3", "--num-return-sequences", "2"],
                   ["--strategy", "sample", "--top-k", "5", "--seed", "1"]):
         assert main(["-q", "generate", "--model", str(bilm_run), "--input", str(prompts), "--max-new-tokens", "5",
                      "--json", *flags]) == 0

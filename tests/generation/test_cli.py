@@ -108,8 +108,8 @@ def test_greedy_prints_one_line_per_prompt_equal_to_the_library(gpt_dir, prompts
 
 
 def test_beam_top_two_prints_two_lines_per_prompt_and_json(gpt_dir, prompts_file, capsys):
-    argv = ["--model", str(gpt_dir), "--input", str(prompts_file), "--strategy", "beam", "--beams", "3", "--top",
-            "2", "--length-penalty", "gnmt:0.6", "--max-new-tokens", "6"]
+    argv = ["--model", str(gpt_dir), "--input", str(prompts_file), "--strategy", "beam", "--num-beams", "3",
+            "--num-return-sequences", "2", "--length-penalty", "gnmt:0.6", "--max-new-tokens", "6"]
     code, out, err = _cli(argv, capsys)
     assert code == 0, err
     expected = _expected_decoder_texts(gpt_dir, strategy="beam", num_beams=3, num_return_sequences=2,
@@ -127,8 +127,8 @@ def test_beam_top_two_prints_two_lines_per_prompt_and_json(gpt_dir, prompts_file
 
 
 def test_sampling_with_a_seed_is_reproducible(gpt_dir, capsys):
-    argv = ["--model", str(gpt_dir), "--prompt", "alice went", "--strategy", "sample", "--top", "3", "--top-p",
-            "0.9", "--temperature", "1.5", "--seed", "7", "--max-new-tokens", "8"]
+    argv = ["--model", str(gpt_dir), "--prompt", "alice went", "--strategy", "sample", "--num-return-sequences", "3",
+            "--top-p", "0.9", "--temperature", "1.5", "--seed", "7", "--max-new-tokens", "8"]
     first = _cli(argv, capsys)
     assert first[0] == 0 and len(first[1].splitlines()) == 3
     assert _cli(argv, capsys)[1] == first[1]
@@ -162,14 +162,15 @@ def test_bad_inputs(gpt_dir, tmp_path, capsys):
         ([*model, "--prompt", ""], "--prompt: the prompt is empty"),
         ([*model, "--prompt", "alice " * 40], r"has 41 tokens with the leading \[SEP\], longer than the model's "
                                               r"context \(max_seq_len=40\)"),
-        ([*model, "--prompt", "a", "--strategy", "beam", "--beams", "2", "--top", "3"], "--top 3 exceeds --beams 2"),
-        ([*model, "--prompt", "a", "--top", "2"], "greedy search finds one text per prompt"),
+        ([*model, "--prompt", "a", "--strategy", "beam", "--num-beams", "2", "--num-return-sequences", "3"],
+         "--num-return-sequences 3 exceeds --num-beams 2"),
+        ([*model, "--prompt", "a", "--num-return-sequences", "2"], "greedy search finds one text per prompt"),
         ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "1.5"], r"--top-p: 1.5 is out of range"),
         ([*model, "--prompt", "a", "--strategy", "sample", "--top-p", "0"], r"--top-p: 0 is out of range"),
         ([*model, "--prompt", "a", "--temperature", "0.5"], "only apply to strategy 'sample'"),
         ([*model, "--prompt", "a", "--stop", "zebra"], "--stop 'zebra' is not in the model's vocabulary"),
         ([*model, "--input", str(tmp_path / "missing.txt")], "no such input file"),
-        ([*model, "--prompt", "a", "--strategy", "beam", "--beams", "0"], r"--beams: 0 is out of range"),
+        ([*model, "--prompt", "a", "--strategy", "beam", "--num-beams", "0"], r"--num-beams: 0 is out of range"),
     ]
     for argv, message in cases:
         code, out, err = _cli(argv, capsys)

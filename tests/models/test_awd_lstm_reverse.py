@@ -176,7 +176,7 @@ def test_pretrain_with_model_reverse_makes_a_backward_lm(corpus, tmp_path, capsy
 
     prepared = corpus[0].path
     out = tmp_path / "lm_bwd"
-    assert main(["-q", "pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--data", str(prepared),
+    assert main(["-q", "pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--input", str(prepared),
                  "--out", str(out), "--max-steps", "2", "--batch-size", "2", "--seq-len", "8",
                  "--model.d_model=8", "--model.d_hidden=8", "--model.n_layers=1", "--model.reverse=true"]) == 0
     # it trained: the recipe gave the backward model backward windows (the objective refuses a mismatch)

@@ -158,7 +158,7 @@ def test_evaluate_and_predict_report_a_bad_head_in_one_line(folder, capsys):
     edit(folder, head={**HEAD, "bogus": 1})
     data = folder.parent / "data.jsonl"
     data.write_text('{"text": "a b", "label": "pos"}\n')
-    assert main(["evaluate", "--model", str(folder), "--data", str(data)]) == 2
+    assert main(["evaluate", "--model", str(folder), "--test", str(data)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown option(s) 'bogus'" in err and "Traceback" not in err
 

@@ -156,7 +156,7 @@ def test_finetune_cli_with_the_rnn_attn_preset(tmp_path: Path, capsys):
     loaded = load_pretrained(out)
     assert loaded.config.arch == "rnn" and isinstance(loaded.model.backbone, RNNEncoder)
     capsys.readouterr()
-    assert main(["evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert main(["evaluate", "--model", str(out), "--test", str(dev)]) == 0
     again = json.loads(capsys.readouterr().out)
     for name in ("accuracy", "f1", "mcc"):
         assert again[name] == pytest.approx(results[name], abs=1e-9), name

@@ -93,5 +93,5 @@ def test_xlnet_fine_tunes_for_every_task_and_evaluates_as_saved(xlnet_dir, task,
     assert loaded.config.arch == "xlnet" and isinstance(loaded.model.backbone, XLNet)
     recorded = json.loads((out / "eval_results.json").read_text())[METRIC[task]]
     capsys.readouterr()
-    assert main(["-q", "evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert json.loads(capsys.readouterr().out)[METRIC[task]] == pytest.approx(recorded, abs=1e-9)

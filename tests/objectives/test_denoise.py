@@ -84,7 +84,7 @@ def test_pretrain_denoise_resumes_exactly_and_train_seq2seq_starts_from_it(prepa
     from lmforge.training.trainer import Trainer
 
     def pretrain(out: Path, *extra: str) -> int:
-        return main(["-q", "pretrain", "--preset", "bart-tiny", "--objective", "denoise", "--data",
+        return main(["-q", "pretrain", "--preset", "bart-tiny", "--objective", "denoise", "--input",
                      str(prepared / "data"), "--out", str(out), "--max-steps", "6", "--save-every", "2",
                      "--data.rotate_prob=0.5", "--data.delete_rate=0.05", *TINY, *extra])
 
@@ -121,7 +121,7 @@ def test_pretrain_denoise_resumes_exactly_and_train_seq2seq_starts_from_it(prepa
     for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(start[name], tensor), name
     capsys.readouterr()
-    assert main(["-q", "train-seq2seq", "--init", str(tmp_path / "whole"), "--train-data",
+    assert main(["-q", "train-seq2seq", "--init", str(tmp_path / "whole"), "--train",
                  str(prepared / "pairs.jsonl"), "--out", str(tmp_path / "ft-cli"), "--max-steps", "2",
                  "--batch-size", "4", "--data.max_source_len=32"]) == 0, capsys.readouterr().err
     assert load_pretrained(tmp_path / "ft-cli").config.d_model == 16
@@ -129,6 +129,6 @@ def test_pretrain_denoise_resumes_exactly_and_train_seq2seq_starts_from_it(prepa
                      data=Seq2SeqDataConfig(train=str(prepared / "pairs.jsonl"), max_source_len=32))
     with pytest.raises(LmforgeError, match="change d_model"):
         build_seq2seq_trainer(bad, progress=False)
-    assert main(["-q", "train-seq2seq", "--init", str(tmp_path / "nowhere"), "--train-data",
+    assert main(["-q", "train-seq2seq", "--init", str(tmp_path / "nowhere"), "--train",
                  str(prepared / "pairs.jsonl"), "--out", str(tmp_path / "bad2")]) == 2
     assert "not a folder" in capsys.readouterr().err

@@ -230,7 +230,7 @@ def prepared(tmp_path_factory):
 
 
 def test_pretrain_resumes_exactly_and_the_discriminator_fine_tunes(prepared, tmp_path, capsys):
-    data = ["--data", str(prepared / "data")]
+    data = ["--input", str(prepared / "data")]
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert main(["-q", "pretrain", *TINY_RUN, *data, "--out", str(whole), "--max-steps", "4"]) == 0, \
         capsys.readouterr().err

@@ -49,7 +49,7 @@ def test_a_new_objective_is_one_entry_and_one_file(toy, tmp_path, capsys):
     assert main(["data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--input", str(text), "--out",
                  str(tmp_path / "data"), "--workers", "1", "--format", "lines"]) == 0
     assert toy.name in choices_of("--objective")
-    code = main(["pretrain", "--preset", "bert-tiny", "--objective", toy.name, "--data", str(tmp_path / "data"),
+    code = main(["pretrain", "--preset", "bert-tiny", "--objective", toy.name, "--input", str(tmp_path / "data"),
                  "--out", str(tmp_path / "run"), "--max-steps", "3", "--batch-size", "4", "--seq-len", "16",
                  "--model.max_seq_len=16", "--model.n_layers=1", "--train.log_every=1"])
     assert code == 0, capsys.readouterr().err

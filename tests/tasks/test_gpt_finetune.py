@@ -212,7 +212,7 @@ def test_every_task_fine_tunes_a_decoder_and_evaluates_as_saved(gpt_dir, task, t
     assert any("lm_loss" in m for m in metrics)  # the auxiliary loss ran (lambda = 0.5 by default)
     recorded = json.loads((out / "eval_results.json").read_text())[METRIC[task]]
     capsys.readouterr()
-    assert main(["-q", "evaluate", "--model", str(out), "--data", str(dev)]) == 0
+    assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert json.loads(capsys.readouterr().out)[METRIC[task]] == pytest.approx(recorded, abs=1e-9)
 
 

@@ -133,3 +133,27 @@ def test_the_classifier_starts_as_berts_on_an_encoder():
     weight = head.classifier.weight
     assert torch.count_nonzero(head.classifier.bias) == 0  # google-research/bert: zeros, N(0, 0.02) weights
     assert abs(weight.std().item() - 0.02) < 0.001 and weight.abs().max().item() > 1 / 384 ** 0.5  # not uniform
+
+
+@pytest.mark.parametrize("max_length", [3, 5, 8, 11, 16])
+def test_encode_pair_matches_the_tokenizers_longest_first_truncation(max_length):
+    """The tasks cut pairs themselves (to warn once per file, not per line); the result is the tokenizer's."""
+    from lmforge.tasks.base import encode_pair
+
+    for n_a in range(0, 9):
+        for n_b in range(0, 9):
+            a, b = " ".join(WORDS[:n_a]), " ".join(WORDS[::-1][:n_b])
+            expected = TOKENIZER(a, b, max_length=max_length, truncation="longest_first")
+            ids, types, full = encode_pair(TOKENIZER, a, b, max_length)
+            assert (ids, types) == (expected["input_ids"], expected["token_type_ids"]), (n_a, n_b)
+            assert full == n_a + n_b + 3
+
+
+def test_unseen_gold_labels_do_not_stop_evaluation_features():
+    task = _task()
+    unseen = ClassificationExample("alice", None, "neutral", 7)
+    with pytest.raises(LmforgeError, match="'neutral' never appears in the training data"):
+        task.featurize([unseen], TOKENIZER, training=True)  # training on an unknown label is still an error
+    [feature] = task.featurize([unseen], TOKENIZER, training=False)
+    assert "label" not in feature
+    assert task.unknown_labels([unseen, _example(2), unseen]) == {"neutral": (2, 7)}

@@ -19,12 +19,15 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, metavar="FILE", help="a TOML file (configs/compare-bbc.toml)")
     p.add_argument("--out", metavar="DIR", help="default: the config's out")
     p.add_argument("--sizes", type=_ints, metavar="N,N,...", help="examples per class (0 = all)")
-    p.add_argument("--seeds", type=_ints, metavar="S,S,...")
+    p.add_argument("--seeds", type=_ints, metavar="S,S,...",
+                   help="seeds of each size: each draws the subset and initialises the model (default: the "
+                        "config's seeds, 0,1,2)")
     p.add_argument("--only", metavar="NAME[,NAME]", help="run only these approaches (by name)")
     p.add_argument("--pretrained", metavar="DIR", help="the model folder of the @pretrained approaches (default: the "
                                                         "config's pretrained)")
-    p.add_argument("--resume", action="store_true", help="continue the comparison in --out: finished runs are kept, "
-                                                         "the rest run")
+    p.add_argument("--resume", nargs="?", const="auto", default="never", choices=("auto", "never"),
+                   metavar="auto|never", help="auto (also a bare --resume): continue the comparison in --out: "
+                                              "finished runs are kept, the rest run; never: refuse a non-empty --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh in a non-empty --out (the old folder is "
                                                             "renamed, not deleted)")
 
@@ -44,7 +47,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
                                f"{', '.join(sorted(map(str, known)))}")
         values["approach"] = [a for a in values.get("approach", []) if a.get("name") in wanted]
     config = compare_config(values, args.config)
-    paths = run_compare(config, resume=args.resume, overwrite=args.overwrite)
+    paths = run_compare(config, resume=args.resume == "auto", overwrite=args.overwrite)
     print(paths["md"].read_text(encoding="utf-8"))
     print(f"table: {paths['md']}  csv: {paths['csv']}  learning curve: {paths['png']}")
     return 0

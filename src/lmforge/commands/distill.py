@@ -7,6 +7,7 @@ import argparse
 
 from lmforge.choices import MASKINGS, PRECISIONS
 from lmforge.commands.options import LEARNING_RATE, SEED, Count
+from lmforge.commands.pretrain import RESUME_HELP, SAVE_EVERY_HELP
 from lmforge.errors import LmforgeError
 from lmforge.recipes.distill import FROM_TEACHER, DistillRun, build_trainer
 from lmforge.recipes.resolve import resolve
@@ -47,7 +48,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    "teacher layer in two, no segment embedding, no pooler; or a preset (random init) or a model folder")
     p.add_argument("--student-layers", type=_layers, metavar="I,J,...",
                    help=f"with --student {FROM_TEACHER}: the teacher layers to keep (default 0,2,4,...)")
-    p.add_argument("--data", metavar="DIR", help="a folder made by `lmforge data prepare` with the teacher's tokenizer")
+    p.add_argument("--input", dest="data", metavar="DIR",
+                   help="a folder made by `lmforge data prepare` with the teacher's tokenizer")
     p.add_argument("--out", metavar="DIR", help="the run folder (the student is saved there)")
     p.add_argument("--temperature", type=_weight, metavar="T", help="soft-target temperature (default 2)")
     p.add_argument("--alpha-ce", type=_weight, metavar="W",
@@ -68,11 +70,10 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="fp32 (default); bf16 autocast; auto: bf16 only where this device runs it natively and a "
                         "measurement at the model's width shows it faster, else fp32 (decided once, kept on resume)")
-    p.add_argument("--save-every", type=Count(0), help="checkpoint every N steps (0: only at the end)")
+    p.add_argument("--save-every", type=Count(0), metavar="N", help=SAVE_EVERY_HELP)
     p.add_argument("--eval-every", type=Count(0), help="evaluate every N steps (0: only at the end)")
     p.add_argument("--seed", type=SEED)
-    p.add_argument("--resume", default="never", metavar="auto|never|PATH",
-                   help="auto: continue from the latest checkpoint in --out")
+    p.add_argument("--resume", default="never", metavar="auto|never|PATH", help=RESUME_HELP)
     p.add_argument("--overwrite", action="store_true", help="start afresh; the old run folder is renamed, not deleted")
     p.set_defaults(overrides=[])
 
@@ -81,7 +82,7 @@ def resolve_run(args: argparse.Namespace) -> DistillRun:
     flags = {key: getattr(args, name) for name, key in FLAGS.items()}
     flags["student_layers"] = args.student_layers
     run = resolve(DistillRun, config=args.config, flags=flags, overrides=args.overrides, where="distill")
-    for value, flag in ((run.teacher, "--teacher DIR"), (run.data.path, "--data DIR"), (run.out, "--out DIR")):
+    for value, flag in ((run.teacher, "--teacher DIR"), (run.data.path, "--input DIR"), (run.out, "--out DIR")):
         if not value:
             raise LmforgeError(f"distill needs {flag}")
     return run

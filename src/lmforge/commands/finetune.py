@@ -26,6 +26,8 @@ from lmforge.config import (
 from lmforge.errors import LmforgeError
 from lmforge.recipes.ensemble import Ensemble, model_folders
 from lmforge.recipes.finetune import (
+    CRF_HEAD_LR,
+    DEFAULT_LR_HELP,
     FINETUNE_DEFAULTS,
     FinetuneRun,
     build_finetune_trainer,
@@ -58,20 +60,23 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", metavar="FILE", help="training data (CSV/TSV/JSONL, CoNLL, span JSONL, SQuAD JSON)")
     p.add_argument("--dev", metavar="FILE", help="dev data: evaluated every epoch; the best model is kept")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True))
-    p.add_argument("--batch-size", type=Count(1, 65_536))
-    p.add_argument("--lr", type=LEARNING_RATE)
+    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True), help="passes over the training data (default 3)")
+    p.add_argument("--batch-size", type=Count(1, 65_536), help="examples per optimizer step (default 32)")
+    p.add_argument("--lr", type=LEARNING_RATE, help=f"the learning rate; {DEFAULT_LR_HELP}")
     p.add_argument("--max-length", type=Count(8, 1_000_000), help="tokens per input, with [CLS]/[SEP] (default 128)")
-    p.add_argument("--warmup-ratio", type=FRACTION)
-    p.add_argument("--weight-decay", type=Rate(0.0))
+    p.add_argument("--warmup-ratio", type=FRACTION, help="share of the steps with a linear learning-rate warm-up "
+                   "(default 0.1)")
+    p.add_argument("--weight-decay", type=Rate(0.0), help="AdamW's decoupled weight decay (default 0.01)")
     p.add_argument("--seed", type=SEED)
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="default: epochs x batches per epoch")
     p.add_argument("--crf", action="store_true", default=None, help="token task: a linear-chain CRF on the tags")
     p.add_argument("--freeze", metavar="MODE", help="none | all | embeddings | all-but-last:K")
-    p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate")
+    p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate (default: --lr; for a CRF "
+                   f"tagger on a pretrained Transformer at least {CRF_HEAD_LR:g}, as its head starts from nothing)")
     p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True),
                    help="layer-wise learning-rate decay factor (e.g. 0.9)")
-    p.add_argument("--long-text", choices=LONG_TEXT)
+    p.add_argument("--long-text", choices=LONG_TEXT, help="sequence task, texts over --max-length: keep the first "
+                   "tokens, the head and tail, or every window (chunks) (default truncate)")
     p.add_argument("--scheme", choices=("auto", *TAG_SCHEMES), help="token task: the tag scheme")
     p.add_argument("--text-column", help="default: text")
     p.add_argument("--text-pair-column", help="default: text_pair")
@@ -97,9 +102,20 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
     return run
 
 
+def lr_given(args: argparse.Namespace) -> bool:
+    """Whether the user set the learning rate (--lr, --train.lr=..., or [train] lr in --config); otherwise the recipe
+    picks it by backbone."""
+    if getattr(args, "lr", None) is not None:
+        return True
+    if any(o.lstrip("-").split("=", 1)[0] == "train.lr" for o in args.overrides):
+        return True
+    return bool(args.config) and "lr" in (load_toml(args.config).get("train") or {})
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     run = resolve_run(args)
-    trainer, task = build_finetune_trainer(run, resume=args.resume, overwrite=args.overwrite)
+    trainer, task = build_finetune_trainer(run, resume=args.resume, overwrite=args.overwrite,
+                                           progress=_progress("train") is not None, choose_lr=not lr_given(args))
     results = trainer.fit()
     if trainer.dist.is_main:
         print(f"fine-tuned {run.model} for {run.task.task} ({run.train.max_steps} steps) -> {run.out}")
@@ -118,41 +134,96 @@ ENSEMBLE_HELP = ("a folder made by `lmforge finetune`; several (repeat --model, 
 
 def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, action="append", metavar="DIR", help=ENSEMBLE_HELP)
-    p.add_argument("--data", required=True, metavar="FILE", help="labelled data in the task's format")
-    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
-    p.add_argument("--output", metavar="FILE.json", help="also write the metrics here")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument("--test", dest="data", required=True, metavar="FILE",
+                   help="labelled data in the task's format; a gold label the model cannot produce (never in its "
+                        "training data) is scored as a miss, with a warning")
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
+    p.add_argument("--out", dest="output", metavar="FILE.json",
+                   help="also write the metrics here, and beside them, for classification, tagging and span labeling, "
+                        "the per-class report (FILE.per_class.json and .md: "
+                        "precision, recall, F1, support) and the confusion matrix (FILE.confusion.png)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+
+
+def _progress(label: str) -> str | None:
+    """``label`` for a progress bar, or None (no bar) under -q, as the logger's level says."""
+    return label if log.isEnabledFor(logging.INFO) else None
+
+
+def report_paths(output: str | Path) -> dict[str, Path]:
+    """The files ``evaluate --out FILE.json`` writes beside FILE.json: the per-class report (JSON, Markdown) and
+    the confusion-matrix PNG."""
+    output = Path(output)
+    stem = output.with_suffix("") if output.suffix == ".json" else output
+    return {kind: stem.with_name(f"{stem.name}.{suffix}") for kind, suffix in
+            (("json", "per_class.json"), ("markdown", "per_class.md"), ("png", "confusion.png"))}
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
     from lmforge.utils.io import atomic_write_text, prepare_output_file
 
     folders = model_folders(args.model)
+    reports: dict[str, Path] = {}
     if args.output:
         prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.data],
-                            option="--output")
+                            option="--out")
+        reports = report_paths(args.output)
+        for path in reports.values():
+            prepare_output_file(path, overwrite=args.overwrite, inputs=[*folders, args.data], option="--out")
+    show = _progress("evaluate")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
         task, examples = ensemble.task, ensemble.read(args.data, labelled=True)
-        metrics = task.metrics(examples, ensemble.predict(examples, args.data, batch_size=args.batch_size))
+        task.warn_unknown_labels(examples, args.data)
+        predictions = ensemble.predict(examples, args.data, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
         examples = task.read(args.data, labelled=True)
         features = featurize(task, examples, tokenizer, args.data, training=False)
-        metrics = task.metrics(examples, task.predict(model, examples, features, tokenizer,
-                                                      batch_size=args.batch_size))
+        task.warn_unknown_labels(examples, args.data)
+        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size, progress=show)
+    metrics = task.metrics(examples, predictions)
     text = json.dumps(metrics, indent=2)
     print(text)
     if args.output:
         atomic_write_text(Path(args.output), text + "\n")
+    report = task.report(examples, predictions)
+    if report is not None:
+        _write_report(report, metrics, reports, title=f"{Path(folders[0]).name} on {Path(args.data).name}")
     return 0
+
+
+def _write_report(report: dict, metrics: dict, paths: dict[str, Path], *, title: str) -> None:
+    """Write the per-class report and the confusion matrix to ``paths`` (``report_paths``), and say where; without
+    paths (no --out) log the Markdown table and how to keep it."""
+    from lmforge.metrics import format_report
+    from lmforge.utils.io import atomic_write_text
+
+    report = {**report, "metrics": metrics}
+    text = format_report(report, title=f"Per-{report['unit']} report: {title}", unit=report["unit"])
+    if not paths:
+        log.info("per-%s scores (pass --out FILE.json to also write them and a confusion-matrix PNG):\n%s",
+                 report["unit"], text.rstrip())
+        return
+    atomic_write_text(paths["json"], json.dumps(report, indent=2) + "\n")
+    atomic_write_text(paths["markdown"], text)
+    written = [str(paths["json"]), str(paths["markdown"])]
+    confusion = report.get("confusion")
+    if confusion:
+        from lmforge.viz.confusion import plot_confusion
+
+        plot_confusion(confusion["labels"], confusion["matrix"], paths["png"], title=title,
+                       rows=confusion.get("rows", "gold"), columns=confusion.get("columns", "predicted"))
+        written.append(str(paths["png"]))
+    log.info("per-%s report: %s", report["unit"], ", ".join(written))
 
 
 def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, action="append", metavar="DIR", help=ENSEMBLE_HELP)
-    p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional)")
-    p.add_argument("--output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
-    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
+    p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional: "
+                   "any present are ignored, even ones the model never saw)")
+    p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 
@@ -161,16 +232,17 @@ def run_predict(args: argparse.Namespace) -> int:
 
     folders = model_folders(args.model)
     output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.input],
-                                 option="--output")
+                                 option="--out")
+    show = _progress("predict")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
         task, examples = ensemble.task, ensemble.read(args.input, labelled=False)
-        predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size)
+        predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
         examples = task.read(args.input, labelled=False)
         features = featurize(task, examples, tokenizer, args.input, training=False)
-        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size)
+        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size, progress=show)
     with atomic_open(output, "w") as f:
         for example, prediction in zip(examples, predictions, strict=True):
             f.write(json.dumps(task.record(example, prediction), ensure_ascii=False) + "\n")

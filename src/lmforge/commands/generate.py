@@ -12,8 +12,8 @@ How a text becomes ids mirrors training:
 * encoder-decoder: the source is the text's pieces without special tokens, the decoder starts from ``[CLS]`` and
   stops at ``[SEP]`` (``lmforge.data.seq2seq``: targets are ``[CLS] y [SEP]``).
 
-Output: for every prompt line, ``--top`` lines (its best hypotheses, best first; one by default), each the
-generated text only (the prompt is not repeated; special tokens are dropped). ``--json`` writes one JSON object
+Output: for every prompt line, ``--num-return-sequences`` lines (its best hypotheses, best first; one by default),
+each the generated text only (the prompt is not repeated; special tokens are dropped). ``--json`` writes one JSON object
 per prompt instead: ``{"prompt", "generations": [{"text", "score", "log_prob", "tokens", "stop"}]}``.
 """
 
@@ -37,7 +37,7 @@ STRATEGIES = ("greedy", "beam", "sample")
 
 def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Examples: lmforge generate --model runs/gpt --prompt 'the match' --strategy sample --top-p 0.9 "
-                "--seed 1;  lmforge generate --model runs/headlines --input articles.txt --strategy beam --beams 4 "
+                "--seed 1;  lmforge generate --model runs/headlines --input articles.txt --strategy beam --num-beams 4 "
                 "--length-penalty gnmt:0.6")
     p.add_argument("--model", required=True, metavar="DIR",
                    help="an lmforge model folder with its tokenizer (GPT decoder, AWD-LSTM or biLM language model, "
@@ -46,8 +46,9 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt", metavar="TEXT", help="one prompt (decoder) or source text (seq2seq)")
     source.add_argument("--input", metavar="FILE", help="UTF-8 text, one prompt per line (batched)")
     p.add_argument("--strategy", choices=STRATEGIES, default="greedy", help="default greedy")
-    p.add_argument("--beams", type=Count(1, 1024), default=4, metavar="K", help="beam size (beam; default 4)")
-    p.add_argument("--top", type=Count(1, 1024), default=1, metavar="T",
+    p.add_argument("--num-beams", dest="beams", type=Count(1, 1024), default=4, metavar="K",
+                   help="beam size (beam; default 4)")
+    p.add_argument("--num-return-sequences", dest="top", type=Count(1, 1024), default=1, metavar="T",
                    help="hypotheses printed per prompt (beam: the best T <= K; sample: T samples; default 1)")
     p.add_argument("--length-penalty", default="none", metavar="NAME",
                    help="beam ranking: none (sum of log-probs), average (per token) or gnmt:ALPHA "
@@ -59,7 +60,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="nucleus sampling: the smallest set with probability >= P")
     p.add_argument("--repetition-penalty", type=POSITIVE, metavar="R",
                    help="CTRL penalty for tokens already seen, prompt included (> 1 avoids them)")
-    p.add_argument("--no-repeat-ngram", type=Count(1, 1024), metavar="N", help="never repeat an N-gram")
+    p.add_argument("--no-repeat-ngram-size", dest="no_repeat_ngram", type=Count(1, 1024), metavar="N",
+                   help="never repeat an N-gram")
     p.add_argument("--max-new-tokens", type=Count(1, 1_000_000), default=30, metavar="N", help="default 30")
     p.add_argument("--stop", action="append", default=[], metavar="TOKEN",
                    help="a further vocabulary token that ends a generation besides [SEP] (repeatable), e.g. '.'")
@@ -105,12 +107,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"strategy": args.strategy, "max_new_tokens": args.max_new_tokens,
                                "num_return_sequences": args.top, "use_cache": not args.no_cache, "seed": args.seed}
     if args.top > 1 and args.strategy == "greedy":
-        raise LmforgeError(f"--top {args.top}: greedy search finds one text per prompt; use --strategy beam or "
-                           "sample for several")
+        raise LmforgeError(f"--num-return-sequences {args.top}: greedy search finds one text per prompt; use "
+                           "--strategy beam or sample for several")
     if args.strategy == "beam":
         if args.top > args.beams:
-            raise LmforgeError(f"--top {args.top} exceeds --beams {args.beams}: beam search keeps only K "
-                               "hypotheses; raise --beams or lower --top")
+            raise LmforgeError(f"--num-return-sequences {args.top} exceeds --num-beams {args.beams}: beam search "
+                               "keeps only K hypotheses; raise --num-beams or lower --num-return-sequences")
         options.update(num_beams=args.beams, length_penalty=args.length_penalty)
     elif args.length_penalty != "none":
         raise LmforgeError(f"--length-penalty applies to --strategy beam (got --strategy {args.strategy})")

@@ -42,7 +42,7 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
                    help="one vector per word instead (words split as the tokenizer splits them), from its first "
                         "sub-word or the mean of its sub-words; writes .npz with arr_I (words, D), words_I and "
                         "spans_I (character start, end) for line I")
-    p.add_argument("--batch-size", type=Count(1, 65_536), default=32)
+    p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="lines per forward pass")
     p.add_argument("--max-length", type=Count(1, 1_000_000), default=None,
                    help="truncate longer inputs (default: the model's)")
     p.add_argument("--overwrite", action="store_true")
@@ -180,7 +180,9 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
 
 # What each encoder layout writes for each head: {layout: {head type or None: architectures entry}}.
 _ENCODER_ARCHITECTURES = {
-    "bert": {None: "BertForPreTraining", "pretraining": "BertForPreTraining"},
+    # a bare encoder is BertModel: naming a class with heads makes transformers warn that the checkpoint "seems
+    # corrupted" and add random heads (issue 23)
+    "bert": {None: "BertModel", "pretraining": "BertForPreTraining"},
     "albert": {None: "AlbertModel", "pretraining": "AlbertForPreTraining", "mlm": "AlbertForMaskedLM"},
     "distilbert": {None: "DistilBertModel", "mlm": "DistilBertForMaskedLM"},
 }
@@ -228,7 +230,7 @@ def _export_encoder(loaded, state: dict) -> tuple[dict, dict]:
     if layout == "albert":
         return (hf_albert.config_to_hf(config, architecture_name),
                 hf_albert.state_dict_to_hf(enc, heads, share_layers=config.share_layers))
-    return hf_bert.config_to_hf(config), hf_bert.state_dict_to_hf(enc, heads)
+    return hf_bert.config_to_hf(config, architecture_name), hf_bert.state_dict_to_hf(enc, heads)
 
 
 def _exports_as_electra(loaded) -> bool:

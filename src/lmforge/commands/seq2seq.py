@@ -14,6 +14,7 @@ from lmforge.recipes.seq2seq import (
     SEQ2SEQ_DEFAULTS,
     Seq2SeqRun,
     build_seq2seq_trainer,
+    describe_model,
     evaluate_test,
 )
 
@@ -37,17 +38,21 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=Count(10, 10_000_000), metavar="N",
                    help="without --tokenizer: the size of the vocabulary "
                         "trained on the pairs (default 8000)")
-    p.add_argument("--train-data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
-    p.add_argument("--dev-data", metavar="FILE")
-    p.add_argument("--test-data", metavar="FILE")
+    p.add_argument("--train", dest="train_data", metavar="FILE", help=f"pairs (JSONL/TSV/CSV), or {BBC_HEADLINES}")
+    p.add_argument("--dev", dest="dev_data", metavar="FILE",
+                   help="dev pairs, decoded and scored with ROUGE every epoch; the best model is kept (with "
+                        "bbc-headlines: its own dev split)")
+    p.add_argument("--test", dest="test_data", metavar="FILE",
+                   help="test pairs, decoded with [decode] by the best model at the end into test_results.json "
+                        "(with bbc-headlines: its own test split)")
     p.add_argument("--out", metavar="DIR")
     p.add_argument("--init", metavar="DIR", help="start from the weights and model config of an encoder-decoder "
                    "folder, e.g. a BART-style `lmforge pretrain --objective denoise` run; its tokenizer is used "
                    "(--preset is then not used; --model.* may change the dropouts only)")
-    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True))
+    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True), help="passes over the training pairs (default 10)")
     p.add_argument("--lr", type=LEARNING_RATE)
-    p.add_argument("--batch-size", type=Count(1, 65_536))
-    p.add_argument("--max-steps", type=Count(1, 2**31 - 1))
+    p.add_argument("--batch-size", type=Count(1, 65_536), help="pairs per optimizer step (default 32)")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="default: epochs x batches per epoch")
     p.add_argument("--seed", type=SEED)
     p.add_argument("--resume", default="never", metavar="auto|never|PATH")
     p.add_argument("--overwrite", action="store_true")
@@ -61,7 +66,7 @@ def resolve_run(args: argparse.Namespace) -> Seq2SeqRun:
     if not run.out:
         raise LmforgeError("no output folder: pass --out DIR")
     if not run.data.train:
-        raise LmforgeError(f"no training data: pass --train-data FILE (or {BBC_HEADLINES})")
+        raise LmforgeError(f"no training data: pass --train FILE (or {BBC_HEADLINES})")
     return run
 
 
@@ -73,7 +78,8 @@ def run_train_seq2seq(args: argparse.Namespace) -> int:
     trainer.fit()
     if not trainer.dist.is_main:
         return 0
-    print(f"trained {run.init or run.preset} for {run.train.max_steps} steps -> {run.out}")
+    print(f"trained {describe_model(run, trainer.model_config, trainer.model)} for {run.train.max_steps} steps "
+          f"-> {run.out}")
     if trainer.best is not None:
         shown = ", ".join(f"{k} {v:.2f}" for k, v in trainer.best["record"].items() if k.startswith("rouge"))
         print(f"best dev at step {trainer.best['step']} ({run.decode.dev_strategy}): {shown}")

@@ -35,7 +35,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-frequency", type=Count(1), default=2, metavar="K", help="never merge rarer pairs")
     p.add_argument("--limit-alphabet", type=Count(1), default=None, metavar="N",
                    help="keep only the N most frequent characters")
-    p.add_argument("--max-input-chars-per-word", type=Count(1, 1_000_000), default=100, metavar="N")
+    p.add_argument("--max-input-chars-per-word", type=Count(1, 1_000_000), default=100, metavar="N",
+                   help="a longer word becomes [UNK] instead of pieces (BERT's limit)")
     p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
 
 
@@ -73,7 +74,8 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, metavar="FILE", help="UTF-8 text, one input per line")
     p.add_argument("--pair-input", metavar="FILE", help="second segments, line by line with --input")
     p.add_argument("--max-length", type=Count(1, 10_000_000), metavar="N", help="truncate (longest first) to N tokens")
-    p.add_argument("--output", required=True, metavar="FILE.jsonl")
+    p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl",
+                   help="one JSON line per input line: ids, segment ids, offsets")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 
@@ -88,7 +90,7 @@ def _read_lines(path: str) -> list[str]:
 
 def run_encode(args: argparse.Namespace) -> int:
     prepare_output_file(args.output, overwrite=args.overwrite, inputs=[args.tokenizer, args.input, args.pair_input],
-                        option="--output")
+                        option="--out")
     tokenizer = WordPieceTokenizer.from_pretrained(args.tokenizer)
     lines = _read_lines(args.input)
     pairs = _read_lines(args.pair_input) if args.pair_input else None

@@ -69,8 +69,10 @@ def add_word2vec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--negative", type=Count(1, 1000), default=5, metavar="K", help="negatives per pair (default 5)")
     p.add_argument("--sample", type=Rate(0.0, 1.0), default=1e-3, metavar="T",
                    help="subsampling threshold t; 0 keeps every word (default 1e-3)")
-    p.add_argument("--alpha", type=POSITIVE, default=0.025, help="initial learning rate (default 0.025)")
-    p.add_argument("--min-alpha", type=Rate(0.0), default=0.0001, help="final learning rate (default 0.0001)")
+    p.add_argument("--lr", dest="alpha", type=POSITIVE, default=0.025,
+                   help="initial learning rate, gensim's alpha (default 0.025)")
+    p.add_argument("--min-lr", dest="min_alpha", type=Rate(0.0), default=0.0001,
+                   help="final learning rate, gensim's min_alpha (default 0.0001)")
     p.add_argument("--mode", choices=WORD2VEC_MODES, default="exact",
                    help="exact: the reference algorithm, every pair with its own negatives and its own SGD update "
                         "(compiled loop, CPU; the default); fast: the batched approximation (blocks sharing "
@@ -144,6 +146,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> int:
     kv = load_word2vec(args.vectors)
+    kv.require_finite(args.vectors)  # a NaN table would "score" a meaningless rho
     insensitive = not args.case_sensitive
     if args.pairs:
         r = kv.evaluate_pairs(args.pairs, case_insensitive=insensitive)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmforge.choices import VIEWER_PRECISIONS
+from lmforge.choices import ATTENTION_SCALES, VIEWER_PRECISIONS
 from lmforge.commands.options import Count, Rate
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
@@ -67,6 +67,10 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=VIEWER_PRECISIONS, default="auto",
                    help="HTML only: weights stored exactly (float32) or quantised per row (uint16, uint8); auto "
                         "keeps float32 up to about 2 million weights")
+    p.add_argument("--scale", choices=ATTENTION_SCALES, default="absolute",
+                   help="PNG only: absolute colours every weight from 0 to 1 on the one colour bar (near-uniform "
+                        "attention stays pale; heat maps compare); relative stretches each heat map from 0 to its "
+                        "own largest weight (shows the shape of diffuse heads, but paints uniform attention dark)")
     p.add_argument("--out", required=True, metavar="FILE.(png|html)",
                    help=".png: heat maps, a row per layer and a column per head; .html: the interactive viewer")
     p.add_argument("--overwrite", action="store_true")
@@ -94,7 +98,7 @@ def run_attention(args: argparse.Namespace) -> int:
     else:
         from lmforge.viz.plots import plot_attention_grid
 
-        plot_attention_grid(attn, out)
+        plot_attention_grid(attn, out, scale=args.scale)
         stored = "png"
     shapes = "; ".join(f"{m.name}: {len(m.layers)} layers x {len(m.heads)} heads, {len(m.rows)} x {len(m.cols)}"
                        for m in attn.maps)
@@ -124,7 +128,9 @@ def run_positions(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ training
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     # dest is not "run": the command table stores the run function in args.run
-    p.add_argument("run_dir", metavar="RUN_DIR", help=f"a training run folder (or its {METRICS_NAME} file)")
+    p.add_argument("run_dir", metavar="RUN_DIR",
+                   help=f"a training run folder (or its {METRICS_NAME} file, or a vectors *.metrics.jsonl): draws "
+                        "train and dev loss, the learning rate and a panel per dev metric")
     p.add_argument("--out", required=True, metavar="FILE.png")
     p.add_argument("--title", help="figure title (default: the run folder's name)")
     p.add_argument("--overwrite", action="store_true")
@@ -146,6 +152,7 @@ def run_training(args: argparse.Namespace) -> int:
         plot_training(records, out, title=args.title or (run.name if run.is_dir() else run.parent.name))
     except LmforgeError as err:
         raise InputFileError(f"{path}: {err}") from err
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int | float)]
-    print(f"{len(records)} records (steps {min(steps, default=0)}..{max(steps, default=0)}) -> {out}")
+    x = "step" if any(isinstance(r.get("step"), int | float) for r in records) else "epoch"
+    values = [r[x] for r in records if isinstance(r.get(x), int | float)]
+    print(f"{len(records)} records ({x}s {min(values, default=0)}..{max(values, default=0)}) -> {out}")
     return 0

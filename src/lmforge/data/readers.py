@@ -344,7 +344,7 @@ def _records(path: Path) -> tuple[bool, list[str], list[_Record]]:
 
 def read_classification(path: str | Path, *, text_column: str = "text", text_pair_column: str = "text_pair",
                         label_column: str = "label", require_labels: bool = True,
-                        pair: bool | None = None) -> ClassificationData:
+                        pair: bool | None = None, read_labels: bool = True) -> ClassificationData:
     """Read a sentence(-pair) classification or regression file (CSV, TSV or JSON lines; see the module doc).
 
     Args:
@@ -356,6 +356,9 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
             where missing labels become None.
         pair: True requires the pair column, False ignores it, None uses it when it exists (in the header of a
             table; in the first object of a JSON lines file).
+        read_labels: False leaves the label column unread (every label None, ``kind`` None): prediction input,
+            whose labels, if any, are not used and must not stop it (a class the model never saw, a mix of numbers
+            and names).
 
     Returns:
         The examples, the task kind and the path.
@@ -380,7 +383,7 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
         need(text_pair_column, "--text-pair-column", "text-pair")
     use_pair = pair is True or (pair is None and text_pair_column in columns)
     # A JSON line may simply omit a missing label; a table must have the column.
-    has_label_column = from_json or label_column in columns
+    has_label_column = read_labels and (from_json or label_column in columns)
     if require_labels:
         need(label_column, "--label-column", "label")
 
@@ -403,8 +406,10 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
 
 
 def read_choices(path: str | Path, *, text_column: str = "text", choices_column: str = "choices",
-                 label_column: str = "label", require_labels: bool = True) -> list[ChoiceExample]:
-    """Read a multiple-choice file (CSV, TSV or JSON lines; see the module doc).
+                 label_column: str = "label", require_labels: bool = True,
+                 read_labels: bool = True) -> list[ChoiceExample]:
+    """Read a multiple-choice file (CSV, TSV or JSON lines; see the module doc). ``read_labels=False`` leaves the
+    label column unread (prediction input: labels None).
 
     Raises:
         InputFileError: unknown suffix, missing column, fewer than two options, an empty option, a label that is
@@ -443,7 +448,7 @@ def read_choices(path: str | Path, *, text_column: str = "text", choices_column:
             raise InputFileError(f"{where}: every option must be a non-empty string, found "
                                  f"{json.dumps(raw, ensure_ascii=False)[:80]}")
         choices = tuple(raw)
-        label = _choice_label(where, record.fields.get(label_column), choices)
+        label = _choice_label(where, record.fields.get(label_column), choices) if read_labels else None
         if label is None and require_labels:
             raise InputFileError(f"{where}: missing label in column {label_column!r} (the right option's 0-based "
                                  "index or its text); every example needs one for training or evaluation")

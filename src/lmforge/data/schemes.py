@@ -40,6 +40,7 @@ __all__ = [
     "Scheme",
     "allowed_transitions",
     "check_scheme",
+    "close_labels",
     "convert_tags",
     "detect_scheme",
     "entity_types",
@@ -200,6 +201,33 @@ def detect_scheme(tag_sequences: Iterable[Sequence[str]]) -> Scheme:
             b_starts |= prefix == "B" and opens
             prev_prefix, prev_kind = prefix, kind
     return "IOB1" if i_starts and not b_starts else "BIO"
+
+
+# ----------------------------------------------------------------------------------------------- label sets
+
+
+def close_labels(tags: Iterable[str], scheme: str) -> list[str]:
+    """The tag vocabulary of ``tags`` closed under ``scheme``: every entity type seen brings all of its tags.
+
+    A training file may hold ``B-sportsteam`` but never ``I-sportsteam`` (every sports team in it is one word); a
+    tagger whose label set is read off that file can never predict a two-word team, and a test file that has one
+    would hold a tag the model does not know. Closing the set fixes both: under BIO (and IOB1) every type X gets
+    ``B-X`` and ``I-X``, under BIOES also ``E-X`` and ``S-X``. ``O`` is always included (a sentence without
+    entities needs it).
+
+    Args:
+        tags: the tags seen (any order, repeats allowed; BILOU's ``L-``/``U-`` count as ``E-``/``S-``).
+        scheme: BIO, IOB1 or BIOES (or an alias).
+
+    Returns:
+        ``"O"`` first, then the tags of each type in type order (``B-X, I-X`` or ``B-X, I-X, E-X, S-X``).
+
+    Raises:
+        LmforgeError: a malformed tag, or a tag whose prefix the scheme does not have.
+    """
+    scheme = normalize_scheme(scheme)
+    kinds = sorted({kind for kind in (_parse_for(tag, scheme)[1] for tag in tags) if kind is not None})
+    return ["O", *(f"{prefix}-{kind}" for kind in kinds for prefix in _PREFIXES[scheme])]
 
 
 # ----------------------------------------------------------------------------------------------- conversion

@@ -391,7 +391,7 @@ def prepare_corpus(tokenizer_dir: str | Path, inputs: Sequence[str | Path], out_
     with staged_output_dir(final_dir) as staging:
         manifest = _prepare_into(staging, tokenizer, tokenizer_dir, files, inputs, input_format, workers,
                                  shard_size_tokens, show_progress)
-        tokenizer.save_pretrained(staging / "tokenizer")  # `lmforge pretrain --data DIR` needs nothing else
+        tokenizer.save_pretrained(staging / "tokenizer")  # `lmforge pretrain --input DIR` needs nothing else
     log.info("prepared %d documents, %d sentences, %d tokens in %d shard(s) from %d files in %.1f s (%s)",
              manifest["counts"]["documents"], manifest["counts"]["sentences"], manifest["counts"]["tokens"],
              len(manifest["shards"]), len(files), manifest["seconds"], final_dir)

@@ -332,8 +332,15 @@ class GloVeResult:
     nnz: int = 0
 
 
+def diverged_message(config: GloVeConfig, what: str) -> str:
+    """Why the fit stopped on a non-finite loss (``what`` happened), and which option to change."""
+    return (f"GloVe diverged: {what} (AdaGrad learning rate {config.lr:g}), so the vectors are NaN or infinite and "
+            f"were not saved. Likely cause: too large a learning rate; lower it (lr, --lr; now {config.lr:g}, the "
+            "reference's is 0.05)")
+
+
 def _run_batches(model: GloVe, entries: tuple[Tensor, Tensor, Tensor], order: Tensor, config: GloVeConfig,
-                 bar: object) -> float:
+                 bar: object, epoch: int = 1) -> float:
     """One epoch over ``entries`` (rows, cols, values) in ``order`` on ``config.workers`` lock-free threads;
     returns J summed over the epoch."""
     rows, cols, values = entries
@@ -351,8 +358,11 @@ def _run_batches(model: GloVe, entries: tuple[Tensor, Tensor, Tensor], order: Te
                 if start is None:
                     break
                 sel = order[start:start + config.batch_size]
-                total += model.adagrad_step(rows.index_select(0, sel), cols.index_select(0, sel),
-                                            values.index_select(0, sel), config.lr)
+                loss = model.adagrad_step(rows.index_select(0, sel), cols.index_select(0, sel),
+                                          values.index_select(0, sel), config.lr)
+                if not math.isfinite(loss):  # stop at once: later steps would only spread the NaN
+                    raise LmforgeError(diverged_message(config, f"the loss became {loss} in epoch {epoch}"))
+                total += loss
                 with lock:
                     bar.update(sel.shape[0])  # type: ignore[attr-defined]
         except BaseException as err:
@@ -380,7 +390,8 @@ def train_glove(corpus: EncodedCorpus, vocab: Vocabulary, config: GloVeConfig, p
     """Count co-occurrences, fit GloVe and return W + W~ (rows = ``vocab.words``).
 
     Raises:
-        LmforgeError: the corpus holds no co-occurring pair (every sentence has one kept word).
+        LmforgeError: the corpus holds no co-occurring pair (every sentence has one kept word); the fit diverged (it
+            stops at the first non-finite batch loss, and never returns non-finite vectors).
     """
     from tqdm.auto import tqdm
 
@@ -408,16 +419,18 @@ def train_glove(corpus: EncodedCorpus, vocab: Vocabulary, config: GloVeConfig, p
             for epoch in range(config.epochs):
                 epoch_start = time.perf_counter()
                 order = torch.randperm(x.nnz, generator=generator).to(device)
-                total = _run_batches(model, entries, order, config, bar)
+                total = _run_batches(model, entries, order, config, bar, epoch + 1)
                 stats = GloVeEpoch(epoch + 1, total / x.nnz, x.nnz, time.perf_counter() - epoch_start)
-                if not math.isfinite(stats.loss):
-                    raise LmforgeError(f"GloVe diverged in epoch {epoch + 1} (loss {stats.loss}); lower the "
-                                       f"learning rate (now {config.lr})")
+                if not math.isfinite(stats.loss):  # every batch was finite, their sum overflowed
+                    raise LmforgeError(diverged_message(config, f"the loss of epoch {epoch + 1} became {stats.loss}"))
                 result.epochs.append(stats)
                 if on_epoch is not None:
                     on_epoch(stats)
     finally:
         torch.set_num_threads(previous_threads)
     result.seconds = time.perf_counter() - fit_start
-    result.vectors = KeyedVectors(list(vocab.words), model.vectors())
+    table = model.vectors()
+    if not np.isfinite(table).all():
+        raise LmforgeError(diverged_message(config, "some vectors became infinite"))
+    result.vectors = KeyedVectors(list(vocab.words), table)
     return result

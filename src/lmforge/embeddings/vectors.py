@@ -114,6 +114,25 @@ class KeyedVectors:
         except KeyError:
             raise KeyError(f"{word!r} is not in the vocabulary ({len(self):,} words)") from None
 
+    def non_finite_words(self) -> list[str]:
+        """The words whose vector holds a NaN or an infinity (what a diverged training writes)."""
+        bad = ~np.isfinite(self.vectors).all(axis=1)
+        return [self.words[i] for i in np.flatnonzero(bad)]
+
+    def require_finite(self, source: str | Path = "the vectors") -> None:
+        """Refuse vectors with NaN or infinite entries: every cosine with them is NaN, and a score computed from
+        them (Spearman's rho, an analogy accuracy) would look like a result while meaning nothing.
+
+        Raises:
+            LmforgeError: naming ``source``, how many words are affected, the first of them, and the fix.
+        """
+        bad = self.non_finite_words()
+        if bad:
+            shown = ", ".join(repr(w) for w in bad[:5]) + (", ..." if len(bad) > 5 else "")
+            raise LmforgeError(f"{source}: {len(bad):,} of {len(self):,} vectors hold NaN or infinite values "
+                               f"({shown}); the training that wrote them diverged. Train them again (a lower "
+                               "learning rate: --lr)")
+
     def unit_vectors(self) -> np.ndarray:
         """(N, D) rows scaled to unit length (zero rows stay zero); cached."""
         if self._unit is None:
@@ -175,7 +194,9 @@ class KeyedVectors:
 
         Raises:
             InputFileError: the file is missing, a line is malformed (its number is named), or it holds no pairs.
+            LmforgeError: some vectors are NaN or infinite (``require_finite``).
         """
+        self.require_finite()
         lines = _read_lines(path)
         human: list[float] = []
         model: list[float] = []
@@ -213,7 +234,9 @@ class KeyedVectors:
         Raises:
             InputFileError: the file is missing, a line does not hold four words (its number is named), or it
                 holds no questions.
+            LmforgeError: some vectors are NaN or infinite (``require_finite``).
         """
+        self.require_finite()
         section = "(no section)"
         questions: list[tuple[str, int, int, int, int]] = []
         sections: dict[str, list[int]] = {}

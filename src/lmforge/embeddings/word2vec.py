@@ -59,6 +59,17 @@ What both modes share with the C tool and gensim, and where the fast mode deviat
   skip-gram runs on BBC word pieces stable (without it 2 of 6 diverged, with 1024 1 of 2) and left BBC
   word-level vectors as good as undamped (WordSim-353 0.217 against 0.222, SimLex-999 0.114 against 0.112, mean
   of 3 seeds); a cap of 64 also kept them stable but cost 0.05 on WordSim-353.
+  The count cap alone was not enough on word pieces cut near characters ("th ##e": a few hundred pieces, each in
+  hundreds of pairs of every batch): at gensim's alpha 0.025 the loss reached NaN within the first 20 batches
+  (issue 23). The step of a row is therefore also bounded by its curvature: c = lr * sum over its uses of
+  sigma'(s) |v|^2 (v the vector on the other side of score s) bounds the largest eigenvalue of lr times the
+  Gauss-Newton matrix of the row's summed loss, and a row with c > ``max_row_curvature`` gets
+  ``max_row_curvature / c`` of its summed update, so that the step cannot overshoot the minimum of the local
+  quadratic model, as the C tool's many small steps never do. Both tables of a pair move at once, so each gets
+  half of that unit budget: the default bound is 0.5 (1.0 still diverged on 2 of 4 seeds of BBC pieces, 0.5 on
+  none). Rows under the bound, most rows on word-level text, still take the exact summed SGD step. On BBC words
+  (mean of 3 seeds, defaults otherwise) skip-gram's WordSim-353 / SimLex-999 went from 0.206 / 0.120 to
+  0.223 / 0.118 and CBOW's from 0.095 / 0.077 to 0.096 / 0.054 (CBOW's SimLex varies by 0.02 between seeds).
 - **CBOW update**: the error of the averaged context vector is added unscaled to every context word's input
   vector, as in the C tool and gensim (the exact gradient of the mean would divide it by the number of
   context words).
@@ -222,14 +233,28 @@ def _negative_ok(targets: Tensor, share: int) -> Tensor:
     return (targets[:, :share, None] != targets[:, None, share:]).float()
 
 
-def _damp_rows(update: Tensor, index: Tensor, uses: Tensor, cap: float | None, vocab_size: int) -> Tensor:
+def _damp_rows(update: Tensor, index: Tensor, uses: Tensor, cap: float | None, vocab_size: int,
+               curvature: Tensor | None = None, bound: float | None = None) -> Tensor:
     """Scale the updates (M, D) of rows ``index`` (M,) so that no word's summed update counts more than ``cap``
-    uses: a word with n > cap uses in the batch (``uses`` (M,), summed per word) gets ``cap / n`` of each."""
-    if cap is None:
+    uses and no word's step overshoots.
+
+    ``uses`` (M,), summed per word: a word with n > cap uses in the batch gets ``cap / n`` of each update.
+    ``curvature`` (M,), summed per word, is ``lr * sum sigma'(s) * |v|^2`` over the word's uses (v: the vector on
+    the other side of each score s), an upper bound on the largest eigenvalue of the step's Gauss-Newton matrix: a
+    word whose bound exceeds ``bound`` gets ``bound / curvature`` of each update, so that the summed (stale) step
+    cannot overshoot the minimum of the local quadratic model, as many small per-pair steps never do.
+    """
+    if cap is None and (curvature is None or bound is None):
         return update
-    per_word = torch.zeros(vocab_size, dtype=update.dtype, device=update.device)
-    per_word.index_add_(0, index, uses.to(update.dtype))
-    scale = cap / per_word.clamp(min=cap)  # (size,) 1 for words at or below the cap
+    scale = torch.ones(vocab_size, dtype=update.dtype, device=update.device)
+    if cap is not None:
+        per_word = torch.zeros(vocab_size, dtype=update.dtype, device=update.device)
+        per_word.index_add_(0, index, uses.to(update.dtype))
+        scale = cap / per_word.clamp(min=cap)  # (V,) 1 for words at or below the cap
+    if curvature is not None and bound is not None:
+        per_word = torch.zeros(vocab_size, dtype=update.dtype, device=update.device)
+        per_word.index_add_(0, index, curvature.to(update.dtype))
+        scale = torch.minimum(scale, bound / per_word.clamp(min=bound))
     return update * scale.index_select(0, index)[:, None]
 
 
@@ -255,10 +280,10 @@ class SkipGram(nn.Module):
     """
 
     def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None,
-                 max_row_updates: float | None = None) -> None:
+                 max_row_updates: float | None = None, max_row_curvature: float | None = None) -> None:
         super().__init__()
         self.input_vectors, self.output_vectors = _init_tables(vocab_size, dim, generator)
-        self.max_row_updates = max_row_updates
+        self.max_row_updates, self.max_row_curvature = max_row_updates, max_row_curvature
 
     def pair_loss(self, batch: BlockBatch) -> tuple[Tensor, int]:
         """Summed loss over the batch's (context, centre) pairs, pair by pair, and the number of pairs."""
@@ -287,16 +312,21 @@ class SkipGram(nn.Module):
         t = self.output_vectors.index_select(0, targets).view(n_blocks, -1, dim)  # (N, g+K, D)
         s = torch.bmm(x, t.transpose(1, 2))  # (N, L, g+K)
         loss = _signed_softplus(s, g, pairs, neg_weight)
-        grad = torch.sigmoid(s).neg_()  # d(-loss)/ds = label - sigma(s), times the weights below
+        sig = torch.sigmoid(s)
+        # lr * sigma'(s) per score and pair (the curvature of each pair's loss along the score), for the damping
+        curv = (sig * (1.0 - sig)).mul_(torch.cat([pairs, neg_weight], dim=2)).mul_(lr)  # (N, L, g+K)
+        grad = sig.neg_()  # d(-loss)/ds = label - sigma(s), times the weights below
         grad[..., :g].add_(1.0).mul_(pairs)
         grad[..., g:].mul_(neg_weight)
         grad.mul_(lr)
         dx = torch.bmm(grad, t)  # (N, L, D)
         dt = torch.bmm(grad.transpose(1, 2), x)  # (N, g+K, D)
-        cap, vocab = self.max_row_updates, len(self.input_vectors)
+        cap, bound, vocab = self.max_row_updates, self.max_row_curvature, len(self.input_vectors)
         target_pairs = torch.cat([pairs.sum(1), neg_weight.sum(1)], dim=1)  # (N, g+K) pairs each target serves
-        dt = _damp_rows(dt.view(-1, dim), targets, target_pairs.view(-1), cap, vocab)
-        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab)
+        target_curv = torch.bmm(x.square().sum(-1)[:, None, :], curv)  # (N, 1, g+K): sum of curv * |x|^2
+        row_curv = torch.bmm(curv, t.square().sum(-1)[:, :, None])  # (N, L, 1): sum of curv * |t|^2
+        dt = _damp_rows(dt.view(-1, dim), targets, target_pairs.view(-1), cap, vocab, target_curv.view(-1), bound)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab, row_curv.view(-1), bound)
         self.output_vectors.index_add_(0, targets, dt)
         self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(batch.pairs.sum())
@@ -318,10 +348,10 @@ class CBOW(nn.Module):
     """
 
     def __init__(self, vocab_size: int, dim: int, generator: torch.Generator | None = None,
-                 max_row_updates: float | None = None) -> None:
+                 max_row_updates: float | None = None, max_row_curvature: float | None = None) -> None:
         super().__init__()
         self.input_vectors, self.output_vectors = _init_tables(vocab_size, dim, generator)
-        self.max_row_updates = max_row_updates
+        self.max_row_updates, self.max_row_curvature = max_row_updates, max_row_curvature
 
     def center_loss(self, batch: BlockBatch) -> tuple[Tensor, int]:
         """Summed loss over the batch's centre words (those with a context), one at a time, and their number."""
@@ -356,17 +386,24 @@ class CBOW(nn.Module):
         positive = torch.diag_embed(has_context)  # (N, g, g)
         negative = _negative_ok(batch.targets, g) * has_context[:, :, None]  # (N, g, K)
         loss = _signed_softplus(s, g, positive, negative)
-        grad = torch.sigmoid(s).neg_()
+        sig = torch.sigmoid(s)
+        weights = torch.cat([positive, negative], dim=2)  # (N, g, g+K)
+        curv = (sig * (1.0 - sig)).mul_(weights).mul_(lr)  # lr * sigma'(s) of every scored (centre, target)
+        grad = sig.neg_()
         grad[..., :g].add_(1.0).mul_(positive)
         grad[..., g:].mul_(negative)
         grad.mul_(lr)
         dh = torch.bmm(grad, t)  # (N, g, D)
         dx = torch.bmm(pairs, dh)  # (N, L, D): every context word gets its centre's whole error (C tool)
         dt = torch.bmm(grad.transpose(1, 2), h)  # (N, g+K, D)
-        cap, vocab = self.max_row_updates, len(self.input_vectors)
+        cap, bound, vocab = self.max_row_updates, self.max_row_curvature, len(self.input_vectors)
         target_uses = torch.cat([has_context, negative.sum(1)], dim=1)  # (N, g+K) centre words each target serves
-        dt = _damp_rows(dt.view(-1, dim), targets, target_uses.view(-1), cap, vocab)
-        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab)
+        target_curv = torch.bmm(h.square().sum(-1)[:, None, :], curv)  # (N, 1, g+K)
+        # a context word moves the mean by its whole (unscaled) error: its curvature is its centres' sum over t
+        center_curv = torch.bmm(curv, t.square().sum(-1)[:, :, None])  # (N, g, 1)
+        row_curv = torch.bmm(pairs, center_curv)  # (N, L, 1)
+        dt = _damp_rows(dt.view(-1, dim), targets, target_uses.view(-1), cap, vocab, target_curv.view(-1), bound)
+        dx = _damp_rows(dx.view(-1, dim), rows, pairs.sum(2).view(-1), cap, vocab, row_curv.view(-1), bound)
         self.output_vectors.index_add_(0, targets, dt)
         self.input_vectors.index_add_(0, rows, dx)
         return float(loss), int(has_context.sum())
@@ -393,6 +430,7 @@ class Word2VecConfig:
     batch_size: int = 1024  # centre words per update
     share_negatives: int = 8  # consecutive centre words that share one draw of K negatives
     max_row_updates: float | None = 256.0  # a word's summed update per batch counts at most this many pairs
+    max_row_curvature: float | None = 0.5  # and its step at most this much lr x curvature (fast mode damping)
     workers: int = 2
     seed: int = 1
     chunk_words: int = 50_000  # corpus words per chunk (the unit of work of a thread)
@@ -407,8 +445,9 @@ class Word2VecConfig:
                      "chunk_words"):
             if getattr(self, name) < 1:
                 raise LmforgeError(f"{name}={getattr(self, name)} must be at least 1")
-        if self.max_row_updates is not None and self.max_row_updates <= 0:
-            raise LmforgeError(f"max_row_updates={self.max_row_updates} must be positive (or None: no damping)")
+        for name in ("max_row_updates", "max_row_curvature"):
+            if getattr(self, name) is not None and not 0 < getattr(self, name) < math.inf:
+                raise LmforgeError(f"{name}={getattr(self, name)} must be a positive number (or None: no damping)")
         if not 0 <= self.sample < 1:
             raise LmforgeError(f"sample={self.sample} must be in [0, 1); 0 disables subsampling")
         if not 0 < self.alpha or not 0 <= self.min_alpha <= self.alpha:
@@ -460,6 +499,17 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
+def diverged_message(config: Word2VecConfig, what: str, lr: float) -> str:
+    """Why training stopped on a non-finite loss (``what`` happened), and which options to change."""
+    fix = f"lower the learning rate (alpha, --lr; now {config.alpha:g})"
+    if config.mode == "fast":
+        fix += (f", or damp the summed updates of frequent words more (max_row_curvature, now "
+                f"{config.max_row_curvature}; max_row_updates, now {config.max_row_updates}), or train the "
+                "reference algorithm (--mode exact)")
+    return (f"word2vec diverged: {what} (learning rate {lr:.3g}), so the vectors are NaN or "
+            f"infinite and were not saved. Likely cause: too large a step for the most frequent words; {fix}")
+
+
 class _Run:
     """Shared state of the worker threads of one training run (chunk hand-out, progress, epoch loss)."""
 
@@ -507,6 +557,7 @@ class _Run:
                         negative=self.config.negative, cbow=self.config.architecture == "cbow",
                         lr_start=self.lr_at(start_words), lr_end=lr, seed=sgns.seed_of(self.config.seed, self.epoch,
                                                                                         index))
+                    self._check_finite(chunk_loss, lr)
                     loss_sum += chunk_loss
                     pairs += chunk_pairs
                     self._finish_chunk(raw, lr)
@@ -517,6 +568,7 @@ class _Run:
                     lr = self.lr_at(start_words + seen)
                     if batch.rows.shape[0]:
                         batch_loss, batch_pairs = self.model.sgd_step(batch.to(self.device), lr)
+                        self._check_finite(batch_loss, lr)
                         loss_sum += batch_loss
                         pairs += batch_pairs
                     seen += batch.raw_words
@@ -530,6 +582,12 @@ class _Run:
             with self.lock:
                 self.errors.append(err)
             self.stop.set()
+
+    def _check_finite(self, loss: float, lr: float) -> None:
+        """Stop at the first non-finite loss (a chunk's in exact mode, a batch's in fast mode): the tables are
+        then NaN or infinite and every later update would only spread it."""
+        if not math.isfinite(loss):
+            raise LmforgeError(diverged_message(self.config, f"the loss became {loss} in epoch {self.epoch + 1}", lr))
 
     def _finish_chunk(self, raw: int, lr: float) -> None:
         with self.lock:
@@ -586,7 +644,8 @@ def train_word2vec(corpus: EncodedCorpus, vocab: Vocabulary, config: Word2VecCon
         The vectors (rows = ``vocab.words``), the per-epoch statistics, training seconds and words/s.
 
     Raises:
-        LmforgeError: no (context, centre) pair in the whole corpus.
+        LmforgeError: no (context, centre) pair in the whole corpus; training diverged (it stops at the first
+            non-finite loss, and never returns non-finite vectors).
     """
     from tqdm.auto import tqdm
 
@@ -600,7 +659,8 @@ def train_word2vec(corpus: EncodedCorpus, vocab: Vocabulary, config: Word2VecCon
     torch.set_num_threads(1)  # parallel by worker threads; intra-op threads would spin against them
     generator = torch.Generator().manual_seed(config.seed)
     model = MODELS[config.architecture](len(vocab), config.dim, generator=generator,
-                                        max_row_updates=config.max_row_updates).to(parse_device(config.device))
+                                        max_row_updates=config.max_row_updates,
+                                        max_row_curvature=config.max_row_curvature).to(parse_device(config.device))
     bar = tqdm(total=config.epochs * corpus.total_words, unit="word", unit_scale=True, disable=not progress,
                desc=f"word2vec {config.architecture}")
     run = _Run(model, corpus, vocab, config, bar)
@@ -622,5 +682,8 @@ def train_word2vec(corpus: EncodedCorpus, vocab: Vocabulary, config: Word2VecCon
         bar.close()
         torch.set_num_threads(previous_threads)
     seconds = time.perf_counter() - start
-    vectors = KeyedVectors(list(vocab.words), model.input_vectors.detach().cpu().numpy().copy())
+    table = model.input_vectors.detach().cpu().numpy().copy()
+    if not np.isfinite(table).all():  # a finite loss with an overflowing row: never hand such vectors on
+        raise LmforgeError(diverged_message(config, "some vectors became infinite", run.lr))
+    vectors = KeyedVectors(list(vocab.words), table)
     return Word2VecResult(vectors, epochs, seconds, config.epochs * corpus.total_words / max(seconds, 1e-9))

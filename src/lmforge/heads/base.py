@@ -8,10 +8,11 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.models import PretrainedMixin
 from lmforge.nn.linear_ce import linear_cross_entropy
 
 
-class TaskModel(nn.Module):
+class TaskModel(PretrainedMixin, nn.Module):
     """Compose any backbone with any head: ``head(backbone(inputs), **head_inputs)``; a head whose
     ``drives_backbone`` is true is called as ``head(backbone, input_ids, **inputs)`` and runs the backbone itself
     (ELECTRA's discriminator reads the text its generator corrupted).

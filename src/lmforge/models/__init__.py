@@ -10,6 +10,10 @@ Each family (``config.arch``) has one ``Architecture`` record in ``_REGISTRY``: 
 can do. Code that behaves differently per family asks a capability (``architecture(config.arch).generates``)
 rather than comparing family names, so a new family is one record here, not an edit in every caller.
 ``ARCHITECTURES[arch]`` still gives the class itself.
+
+Every model class (and ``lmforge.heads.TaskModel``) mixes in ``PretrainedMixin``: ``Encoder.from_pretrained(path)``
+and ``model.save_pretrained(path)``, as in Hugging Face transformers; ``from_pretrained(path)`` here loads whatever
+model a folder holds.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
+
+_M = TypeVar("_M", bound="PretrainedMixin")
 
 _WHERE = {
     "Encoder": "lmforge.models.encoder",
@@ -35,8 +42,47 @@ _WHERE = {
     "ELMoEncoder": "lmforge.models.elmo",
     "save_pretrained": "lmforge.models.pretrained",
     "load_pretrained": "lmforge.models.pretrained",
+    "from_pretrained": "lmforge.models.pretrained",
     "load_backbone": "lmforge.models.pretrained",
 }
+
+
+class PretrainedMixin:
+    """Hugging Face-shaped persistence for a model class: ``Encoder.from_pretrained(path)`` returns the callable
+    module with ``.config`` (its ``ModelConfig``) and ``.tokenizer`` (or None) attached, ``model.save_pretrained(
+    path)`` writes it back (weights, config and the attached tokenizer).
+
+    Pure Python, so that importing this package stays torch-free; the work is done by ``lmforge.models.pretrained``
+    (imported when called), which checks the folder completely before anything is built.
+    """
+
+    @classmethod
+    def from_pretrained(cls: type[_M], path: str | Path) -> _M:
+        """The model saved in ``path`` (an lmforge folder, or a Hugging Face one that ``load_pretrained`` reads).
+
+        ``Encoder.from_pretrained`` of a fine-tuned or pretraining folder returns its backbone alone (heads are
+        dropped, as ``BertModel.from_pretrained`` does); ``TaskModel.from_pretrained`` needs a folder with a head.
+
+        Raises:
+            LmforgeError: the folder holds another kind of model (the message names the class that loads it), or
+                anything ``load_pretrained`` refuses.
+        """
+        from lmforge.models.pretrained import from_pretrained
+
+        return from_pretrained(path, expect=cls)
+
+    def save_pretrained(self, path: str | Path, *, tokenizer: Any | None = None, overwrite: bool = False) -> Path:
+        """Write this model into the folder ``path``: ``config.json``, ``model.safetensors`` and the tokenizer
+        (``tokenizer``, else the one ``from_pretrained`` attached). A new folder is built under a temporary name
+        and renamed when complete; an existing model there is refused unless ``overwrite``.
+
+        Returns:
+            the folder.
+        """
+        from lmforge.models.pretrained import save_pretrained
+
+        return save_pretrained(self, path, tokenizer=tokenizer if tokenizer is not None else
+                               getattr(self, "tokenizer", None), overwrite=overwrite)
 
 
 @dataclass(frozen=True)
@@ -225,4 +271,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'lmforge.models' has no attribute {name!r}")
 
 
-__all__ = ["ARCHITECTURES", "CAPABILITIES", "Architecture", "architecture", "architectures_with", *_WHERE]
+__all__ = ["ARCHITECTURES", "CAPABILITIES", "Architecture", "PretrainedMixin", "architecture", "architectures_with",
+           *_WHERE]

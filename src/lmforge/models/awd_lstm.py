@@ -60,6 +60,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 
 # As models/rnn_encoder.py: every text encoder returns the same output type, so heads and pipelines read one shape.
 from lmforge.models.encoder import EncoderOutput
@@ -108,7 +109,7 @@ class AWDLSTMOutput(EncoderOutput):
         return self.__dict__["_state"]
 
 
-class AWDLSTM(nn.Module):
+class AWDLSTM(PretrainedMixin, nn.Module):
     """The ASGD weight-dropped LSTM language model (Merity et al. 2018), the backbone of ULMFiT (Howard & Ruder 2018).
 
     Config fields used: ``vocab_size``, ``d_model`` (D: embedding width, the last layer's width), ``d_hidden`` (H),

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn import (
     DecoderLayer,
     RotaryEmbedding,
@@ -79,7 +80,7 @@ class DecoderOutput(NamedTuple):
     pooled_output: Tensor | None = None
 
 
-class Decoder(nn.Module):
+class Decoder(PretrainedMixin, nn.Module):
     """GPT language model: Radford et al. 2018, "Improving Language Understanding by Generative Pre-Training", and
     Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (GPT-2).
 

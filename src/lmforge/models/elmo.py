@@ -54,6 +54,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from lmforge.config import ModelConfig, from_dict, to_dict
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn.char_cnn import CharCNN, spell_tokens
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
@@ -111,7 +112,7 @@ def _lstm(d_in: int, d_cell: int, d_out: int) -> nn.LSTM:
     return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=d_out if d_cell > d_out else 0)
 
 
-class BiLM(nn.Module):
+class BiLM(PretrainedMixin, nn.Module):
     """ELMo's biLM (Peters et al. 2018, section 3.1; Jozefowicz et al. 2016): see the module docstring.
 
     Config fields used: ``vocab_size``, ``d_model`` (D), ``d_cell`` (Dc, >= D; None = D: no projection),
@@ -331,7 +332,7 @@ class BiLM(nn.Module):
                 f"d_cell={c.d_cell or c.d_model}")
 
 
-class ELMoEncoder(nn.Module):
+class ELMoEncoder(PretrainedMixin, nn.Module):
     """A task encoder on a frozen biLM (Peters et al. 2018, section 3.3): ELMo_k = ScalarMix(biLM layers), a task
     BiLSTM over it and attention pooling (Yang et al. 2016) for one vector per text.
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.layers import EncoderLayer
@@ -173,7 +174,7 @@ def build_encoder_layers(config: ModelConfig, rotary: nn.Module | None) -> nn.Mo
     return nn.ModuleList(layers)
 
 
-class Encoder(nn.Module):
+class Encoder(PretrainedMixin, nn.Module):
     """BERT encoder, Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers for Language
     Understanding" (NAACL): embeddings, ``n_layers`` Transformer encoder layers (Vaswani et al. 2017), pooler.
 

@@ -31,7 +31,7 @@ from torch import nn
 from lmforge import __version__
 from lmforge.config import ModelConfig, from_dict, to_dict
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_write
+from lmforge.utils.io import atomic_write_bytes, atomic_write_text, check_can_write, staged_output_dir
 
 log = logging.getLogger("lmforge")
 
@@ -50,6 +50,11 @@ class Loaded:
     config: ModelConfig
     head: dict[str, Any] | None
     tokenizer: Any | None  # WordPieceTokenizer when the folder holds vocab.txt
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model: a ``Loaded`` can be called as the module it holds (``from_pretrained`` returns the
+        module itself, with ``.config`` and ``.tokenizer`` attached)."""
+        return self.model(*args, **kwargs)
 
 
 def dedupe_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -71,7 +76,8 @@ def dedupe_tied(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor]
 def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelConfig | None = None,
                     head: dict[str, Any] | None = None, tokenizer: Any | None = None,
                     overwrite: bool = False, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write ``model`` (a backbone, or a ``TaskModel``) into ``directory`` atomically, file by file.
+    """Write ``model`` (a backbone, or a ``TaskModel``) into ``directory``: a new folder whole (built under a
+    temporary name, then renamed), an existing one file by file, each file atomically.
 
     Args:
         model: the module; its config is ``config`` or ``model.config`` (of a backbone or a TaskModel's backbone).
@@ -91,6 +97,19 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelCon
         head = getattr(model.head, "head_config", None)
         if head is None:
             raise LmforgeError("this TaskModel's head does not describe itself; pass head={'type': ...}")
+    if not overwrite and (not directory.exists() or (directory.is_dir() and not any(directory.iterdir()))):
+        # a new folder is built under a temporary name and renamed when complete: it never holds half a model
+        # (overwrite=True, what checkpoints and run folders use, replaces the files one by one, each atomically)
+        with staged_output_dir(directory) as tmp:
+            _write_folder(model, tmp, config, head, tokenizer, state_dict)
+        return directory
+    _write_folder(model, directory, config, head, tokenizer, state_dict)
+    return directory
+
+
+def _write_folder(model: nn.Module, directory: Path, config: ModelConfig, head: dict[str, Any] | None,
+                  tokenizer: Any | None, state_dict: dict[str, torch.Tensor] | None) -> None:
+    """Weights, then ``config.json``, then the tokenizer, each file atomically."""
     tensors, tied = dedupe_tied(model.state_dict() if state_dict is None else state_dict)
     atomic_write_bytes(directory / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
     payload = {"format": "lmforge", "format_version": FORMAT_VERSION, "lmforge_version": __version__,
@@ -98,7 +117,6 @@ def save_pretrained(model: nn.Module, directory: str | Path, *, config: ModelCon
     atomic_write_text(directory / CONFIG_NAME, json.dumps(payload, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(directory, overwrite=True)
-    return directory
 
 
 def _config_of(model: nn.Module) -> ModelConfig:
@@ -447,6 +465,40 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     load_state(model, tensors, tied, str(weights))
     model.eval()
     return Loaded(model, config, head, _load_tokenizer(directory, config))
+
+
+def from_pretrained(directory: str | Path, *, expect: type | None = None) -> nn.Module:
+    """The model a folder holds, as the callable module, with ``.config`` (its ``ModelConfig``; a task model's is
+    its backbone's) and ``.tokenizer`` (None when the folder has none) attached; a task model also has
+    ``.head_config`` (how its head is rebuilt). The Hugging Face-shaped face of ``load_pretrained``::
+
+        model = lmforge.models.from_pretrained("runs/bert-mini")      # or Encoder.from_pretrained(...)
+        out = model(**model.tokenizer(["a text"], return_tensors="pt"))
+
+    Args:
+        expect: the class wanted (what ``Encoder.from_pretrained`` passes). A model class loads the backbone of a
+            folder that has a head (the head is dropped); ``TaskModel`` needs a folder with a head. None: whatever
+            the folder holds, head included.
+
+    Raises:
+        LmforgeError: the folder holds another kind of model (naming the class that loads it), or anything
+            ``load_pretrained`` refuses.
+    """
+    from lmforge.heads import TaskModel
+
+    wants_head = expect is None or issubclass(expect, TaskModel)
+    loaded = load_pretrained(directory, with_head=wants_head)
+    model = loaded.model
+    if expect is not None and not isinstance(model, expect):
+        what = "a bare backbone, no task head," if expect is TaskModel else f"model class {type(model).__name__}"
+        raise LmforgeError(f"{directory}: holds {what} ({loaded.config.arch!r} family), not a {expect.__name__}; "
+                           f"load it with {type(model).__name__}.from_pretrained(...) or "
+                           "lmforge.models.from_pretrained(...), which returns whatever the folder holds")
+    model.config = loaded.config
+    model.tokenizer = loaded.tokenizer
+    if loaded.head is not None:
+        model.head_config = loaded.head
+    return model
 
 
 def _strip(mapping: dict[str, Any], prefix: str) -> dict[str, Any]:

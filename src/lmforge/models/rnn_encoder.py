@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 
 # The one exception to "models/ never imports another model file": every encoder returns the same output type, so
 # the heads, pipelines and feature extraction read one shape of result. (Moving EncoderOutput to a shared module
@@ -31,7 +32,7 @@ from lmforge.nn.rnn import AttentionPooling, StackedRNN
 __all__ = ["RNNEncoder"]
 
 
-class RNNEncoder(nn.Module):
+class RNNEncoder(PretrainedMixin, nn.Module):
     """A bidirectional RNN encoder (Schuster & Paliwal 1997; GRU: Cho et al. 2014, LSTM: Hochreiter & Schmidhuber
     1997) with attention pooling (Yang et al. 2016, "Hierarchical Attention Networks for Document Classification",
     the word-level attention; scores of Bahdanau et al. 2015 and Luong et al. 2015).

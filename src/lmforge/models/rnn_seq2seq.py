@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn.attention import Attention, RewardBaseline, SampledAlignments
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
@@ -108,7 +109,7 @@ class RNNSeq2SeqOutput(NamedTuple):
     alignment_samples: SampledAlignments | None = None
 
 
-class RNNSeq2Seq(nn.Module):
+class RNNSeq2Seq(PretrainedMixin, nn.Module):
     """RNN encoder-decoder: Luong et al. 2015, "Effective Approaches to Attention-based Neural Machine Translation"
     (EMNLP), with the bidirectional encoder, additive score and decoder order of Bahdanau et al. 2015, "Neural
     Machine Translation by Jointly Learning to Align and Translate" (ICLR); without attention, Cho et al. 2014,

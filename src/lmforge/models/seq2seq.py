@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn import (
     DecoderLayer,
     EncoderLayer,
@@ -96,7 +97,7 @@ class Seq2SeqOutput(NamedTuple):
     cross_attentions: tuple[Tensor, ...] | None = None
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(PretrainedMixin, nn.Module):
     """The Transformer, Vaswani et al. 2017, "Attention Is All You Need".
 
     An encoder stack (``n_layers`` x ``nn.EncoderLayer``) and a decoder stack (``n_decoder_layers`` x
@@ -356,7 +357,7 @@ class SourceEncoderOutput(NamedTuple):
     attentions: tuple[Tensor | None, ...] | None = None
 
 
-class SourceEncoder(nn.Module):
+class SourceEncoder(PretrainedMixin, nn.Module):
     """The encoder stack of an ``EncoderDecoder``, alone: a text encoder for fine-tuning heads and embeddings.
 
     BART (Lewis et al. 2020, section 3) fine-tunes classification by feeding the text to both stacks and reading

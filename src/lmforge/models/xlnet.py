@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.models import PretrainedMixin
 from lmforge.nn.feedforward import ACTIVATIONS
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_flag, check_input_ids
@@ -163,7 +164,7 @@ class XLNetLMHead(nn.Module):
         return F.linear(hidden, weight, self.bias)
 
 
-class XLNet(nn.Module):
+class XLNet(PretrainedMixin, nn.Module):
     """XLNet: Yang et al. 2019, "XLNet: Generalized Autoregressive Pretraining for Language Understanding", on
     Transformer-XL (Dai et al. 2019): relative positions, segment-level memory, two-stream attention.
 

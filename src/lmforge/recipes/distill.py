@@ -170,7 +170,8 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     from lmforge.training.trainer import Trainer
     from lmforge.utils.io import check_not_input
 
-    changes = {k: v for k, v in (("max_steps", DISTILL_STEPS), ("eval_every", 0), ("save_every", 0))
+    # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
+    changes = {k: v for k, v in (("max_steps", DISTILL_STEPS), ("eval_every", 0))
                if getattr(run.train, k) is None}
     if changes:
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})

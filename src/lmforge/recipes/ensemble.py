@@ -78,14 +78,17 @@ class Ensemble:
     def read(self, path: str, *, labelled: bool) -> list[Any]:
         return self.task.read(path, labelled=labelled)
 
-    def predict(self, examples: list[Any], path: str, *, batch_size: int = 32) -> list[dict[str, Any]]:
-        """Each member's predictions, then the average of their class probabilities per example."""
+    def predict(self, examples: list[Any], path: str, *, batch_size: int = 32,
+                progress: str | None = None) -> list[dict[str, Any]]:
+        """Each member's predictions, then the average of their class probabilities per example (``progress``
+        labels a progress bar per member; None: none)."""
         from lmforge.recipes.finetune import featurize
 
         per_member = []
         for folder, (model, task, tokenizer) in zip(self.folders, self.members, strict=True):
             features = featurize(task, examples, tokenizer, path, training=False)
-            per_member.append(task.predict(model, examples, features, tokenizer, batch_size=batch_size))
+            per_member.append(task.predict(model, examples, features, tokenizer, batch_size=batch_size,
+                                           progress=progress))
             log.info("ensemble member %s: %d predictions", folder, len(per_member[-1]))
         labels = self.task.labels
         averaged = []

@@ -28,9 +28,25 @@ log = logging.getLogger("lmforge")
 
 
 # Fine-tuning defaults of Devlin et al. (2019, appendix A.3: lr 5e-5 / 3e-5 / 2e-5, batch 16 / 32, 2-4 epochs) with
-# 10% linear warm-up as in google-research/bert's run_classifier.py.
+# 10% linear warm-up as in google-research/bert's run_classifier.py. The learning rate is BERT's only for a pretrained
+# Transformer: see DEFAULT_LR and default_lr.
 FINETUNE_DEFAULTS: dict[str, Any] = {"train": {"lr": 5e-5, "batch_size": 32, "warmup_ratio": 0.1, "log_every": 10,
                                                "eps": 1e-8}}
+
+# The learning rate a run gets when none is given, by backbone. 5e-5 moves pretrained Transformer weights gently
+# (Devlin et al.); weights that start random need larger steps: 5e-4 for a Transformer from a preset and 2e-3 for a
+# recurrent model (an RNN from a preset, a pretrained AWD-LSTM under ULMFiT's new head, ELMo's task BiLSTM), the rates
+# configs/compare-bbc.toml found for its from-scratch classifiers (5e-5 left them near chance in its epochs).
+DEFAULT_LR = {"pretrained transformer": 5e-5, "random transformer": 5e-4, "recurrent": 2e-3}
+DEFAULT_LR_HELP = ("default: 5e-5 for a pretrained Transformer folder (BERT's), 5e-4 for a preset (random "
+                   "weights), 2e-3 for a recurrent model (RNN presets, AWD-LSTM, ELMo)")
+
+# A CRF tagger's head (emission layer and transition scores) starts from nothing; at a pretrained encoder's 5e-5 it
+# learns too slowly to leave "all O" within a few epochs of a small data set. Measured on 300 tweets of the Twitter
+# NER data (MiniLM, 3 epochs, dev = the next 200 tweets), entity F1 after each epoch: head at 5e-5 or 1e-3, 0 / 0 / 0;
+# at 1e-2, 0 / 0.37 / 0.38; at 3e-2, 0.25 / 0.42 / 0.42. Its default learning rate is at least this (BERT-CRF taggers
+# commonly give the CRF its own, much larger rate; flair trains its CRF taggers at 0.1); --head-lr sets it.
+CRF_HEAD_LR = 3e-2
 
 # ModelConfig fields a pretrained model folder may change when fine-tuned (--model.NAME=VALUE): the dropout rates,
 # which shape no weight (e.g. ULMFiT's classifier dropouts, fastai's drop_mult, against the LM's own).
@@ -111,6 +127,20 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
     return backbone, config, tokenizer
 
 
+def default_lr(source: str, config: ModelConfig) -> tuple[float, str]:
+    """The default learning rate for fine-tuning the backbone ``config`` (as fine-tuned: ELMo's wrapped biLM) loaded
+    from ``source`` (a folder or a preset name), and the kind of backbone that chose it (a key of ``DEFAULT_LR``):
+    an RNN (``recurrent``) or ULMFiT's AWD-LSTM (``concat_pooling``: its classifier is new) is "recurrent"."""
+    from lmforge.models import architecture
+
+    family = architecture(config.arch)
+    if family.recurrent or family.concat_pooling:
+        kind = "recurrent"
+    else:
+        kind = "pretrained transformer" if Path(source).is_dir() else "random transformer"
+    return DEFAULT_LR[kind], kind
+
+
 # tasks that label every token (or span) of a text: a left-to-right state has not read what follows the token
 _PER_TOKEN_TASKS = ("token", "span")
 
@@ -184,8 +214,13 @@ def featurize(task, examples, tokenizer, path: str, *, training: bool):
 
 
 def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite: bool = False,
-                           progress: bool = True):
-    """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task)."""
+                           progress: bool = True, choose_lr: bool = False):
+    """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task).
+
+    Args:
+        choose_lr: the run's ``train.lr`` was not given: replace it by ``default_lr`` for the backbone (BERT's 5e-5
+            only for a pretrained Transformer).
+    """
     import torch
 
     from lmforge.data.batches import FeatureData
@@ -202,6 +237,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     make_task(run.task).check_options()  # e.g. --task.crf=true on a QA task is an error, not ignored
     backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
     run.task = resolve_task_inputs(run.task, config)
+    _default_rates(run, config, choose_lr)
     if run.task.input_format == "gpt":  # GPT-1: [START] / [DELIM] / [EXTRACT] join the vocabulary when missing
         from lmforge.tasks.gpt_inputs import add_gpt_tokens, grow_embeddings
 
@@ -221,11 +257,15 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     if run.dev_file:
         dev_examples = task.read(run.dev_file, labelled=True)
         dev_features = featurize(task, dev_examples, tokenizer, run.dev_file, training=False)
+        task.warn_unknown_labels(dev_examples, run.dev_file)  # scored as misses, said once
         batch = run.train.micro_batch_size or run.train.batch_size
 
         def evaluator(model):
-            return task.metrics(dev_examples, task.predict(model, dev_examples, dev_features, tokenizer,
-                                                           batch_size=batch))
+            shown = "dev" if progress and info.rank == 0 else None
+            metrics = task.metrics(dev_examples, task.predict(model, dev_examples, dev_features, tokenizer,
+                                                              batch_size=batch, progress=shown))
+            hint(metrics)
+            return metrics
 
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
@@ -240,6 +280,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
         changes["save_every"] = per_epoch
     if changes:
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
+    hint = _ZeroMetricHint(run, task, per_epoch)  # read by the evaluator
     head_spec = task.head_spec()
     torch.manual_seed(run.train.seed)  # the head's initialisation is part of the run's seed
     model = TaskModel(backbone, build_head(head_spec, config, backbone))
@@ -265,6 +306,44 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
                       progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
                       lr_scales=scales, callbacks=callbacks, run_kind=f"finetune (task {run.task.task})")
     return trainer, task
+
+
+class _ZeroMetricHint:
+    """Warns once when the dev metric is still 0 at an evaluation after an epoch or more of training: the model
+    predicts nothing useful yet (a tagger that says "O" everywhere), which usually means the learning rates are too
+    low for the data's size, and names the options that change them."""
+
+    def __init__(self, run: FinetuneRun, task, per_epoch: int) -> None:
+        self.run, self.task, self.per_epoch = run, task, per_epoch
+        self.evaluations, self.done = 0, False
+
+    def __call__(self, metrics: dict[str, float]) -> None:
+        self.evaluations += 1
+        value = metrics.get(self.task.metric)
+        trained = self.evaluations * (self.run.train.eval_every or self.per_epoch)
+        if self.done or value is None or value > 0 or trained < self.per_epoch:
+            return
+        self.done = True
+        train, head_lr = self.run.train, self.run.task.head_lr
+        head = f"--head-lr (now {head_lr:g})" if head_lr is not None else "--head-lr (now the same as --lr)"
+        log.warning("dev %s is still %g: the model has learned nothing usable yet (a tagger that predicts only O "
+                    "scores 0). With %d steps at lr %g the weights may be moving too slowly: raise %s or --lr, or "
+                    "train longer (--epochs)", self.task.metric, value, train.max_steps, train.lr, head)
+
+
+def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> None:
+    """Fill in the learning rates the user left to the recipe: ``train.lr`` by backbone (``choose_lr``), and a CRF
+    tagger's head rate on a pretrained Transformer (the larger of ``CRF_HEAD_LR`` and lr) unless ``--head-lr`` is
+    given."""
+    lr, kind = default_lr(run.model, config)
+    if choose_lr and lr != run.train.lr:
+        run.train = from_dict(TrainConfig, {**to_dict(run.train), "lr": lr})
+        log.info("learning rate %g (the default for a %s backbone; --lr to change it)", lr, kind)
+    crf_head = run.task.task == "token" and run.task.crf and kind == "pretrained transformer"
+    if crf_head and run.task.head_lr is None and run.train.lr < CRF_HEAD_LR:
+        run.task = from_dict(TaskConfig, {**to_dict(run.task), "head_lr": CRF_HEAD_LR}, where="--task")
+        log.info("CRF tagger: the head (emissions and transitions) learns at %g, the encoder at %g: the head starts "
+                 "from nothing (--head-lr to change it)", CRF_HEAD_LR, run.train.lr)
 
 
 # ---------------------------------------------------------------------------------------------- evaluate, predict

@@ -142,9 +142,10 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     from lmforge.training.trainer import Trainer
     from lmforge.utils.io import check_not_input
 
-    changes = {k: v for k, v in (("max_steps", PRETRAIN_STEPS), ("eval_every", 0), ("save_every", 0))
+    # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
+    changes = {k: v for k, v in (("max_steps", PRETRAIN_STEPS), ("eval_every", 0))
                if getattr(run.train, k) is None}
-    if changes:  # what pretraining derives: a fixed number of steps, no evaluation or checkpoint unless asked
+    if changes:  # what pretraining derives: a fixed number of steps, no evaluation unless asked
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
     if not 0.0 < run.layer_decay <= 1.0:
         raise LmforgeError(f"layer_decay={run.layer_decay} must be in (0, 1] (ULMFiT's discriminative rates: 1/2.6)")

@@ -138,6 +138,28 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
     return model, config
 
 
+def describe_model(run: Seq2SeqRun, config, model=None) -> str:
+    """An honest name for the trained model: the preset (or ``--init`` folder), the settings that differ from it
+    (``transformer-base with d_model 512 -> 64, n_layers 6 -> 2``), and the parameter count when ``model`` is
+    given. The vocabulary size always comes from the tokenizer and is not listed."""
+    from lmforge.config import model_config_from_preset
+
+    name = run.init or run.preset
+    if run.init:
+        changed = sorted(k for k in run.model if k in INIT_MAY_CHANGE)
+        parts = [f"{k} {getattr(config, k)}" for k in changed]
+    else:
+        base = to_dict(model_config_from_preset(run.preset, vocab_size=config.vocab_size,
+                                                pad_token_id=config.pad_token_id))
+        now = to_dict(config)
+        parts = [f"{k} {base[k]} -> {now[k]}" for k in now if k in base and now[k] != base[k]]
+    text = f"{name} with {', '.join(parts)}" if parts else name
+    if model is not None:
+        n = sum(p.numel() for p in model.parameters())
+        text += f", {n / 1e6:.1f}M parameters" if n >= 1e6 else f", {n / 1e3:.1f}k parameters"
+    return text
+
+
 # --init: what a run may still change of the folder's model (regularisation and the attention kernel, not a shape)
 INIT_MAY_CHANGE = ("dropout", "attention_dropout", "kernel")
 
@@ -291,8 +313,8 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
             greedy = run.decode.dev_strategy == "greedy"
             return rouge_scores(decode_texts(m, tokenizer, dev_features, run.decode, greedy=greedy), references)
 
-    log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)", run.preset,
-             len(train), len(dev), len(test), run.train.max_steps, per_epoch)
+    log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)",
+             describe_model(run, config, model), len(train), len(dev), len(test), run.train.max_steps, per_epoch)
     trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, run.out,
                       tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
                       progress=progress, evaluator=evaluator, select=run.select if evaluator else None)
@@ -304,6 +326,7 @@ def evaluate_test(run: Seq2SeqRun, trainer, tokenizer, test) -> dict[str, float]
     from lmforge.data.seq2seq import featurize_pairs
     from lmforge.metrics import rouge_scores
     from lmforge.utils.io import atomic_open, atomic_write_text
+    from lmforge.utils.model_card import write_model_card
 
     if not test:
         return None
@@ -317,4 +340,5 @@ def evaluate_test(run: Seq2SeqRun, trainer, tokenizer, test) -> dict[str, float]
     with atomic_open(out / "test_predictions.jsonl", "w") as f:
         for e, p in zip(test, predictions, strict=True):
             f.write(json.dumps({"prediction": p, "reference": e.target}, ensure_ascii=False) + "\n")
+    write_model_card(out)  # the run's README.md, now with the test scores
     return scores

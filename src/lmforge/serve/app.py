@@ -15,7 +15,8 @@ a decoder (GPT) or an encoder-decoder                  ``/generate``
 =====================================================  =========================================================
 
 Every server also answers ``/health``, ``/info`` (the model, its task and labels, the limits, the endpoints),
-``/openapi.json`` and ``/docs``. The other endpoints answer 404 with a message naming what this model serves.
+``/openapi.json`` and ``/docs`` (offline: ``lmforge.serve.docs``). The other endpoints answer 404 with a message
+naming what this model serves.
 The answers are those of ``lmforge.pipeline`` (and ``/embed`` those of ``lmforge embed``: the same
 ``embed_texts`` with the same layers, combine and pooling). Request limits and errors: ``lmforge.serve.schemas``.
 Batching: ``lmforge.serve.batcher``. Weights are read only through ``lmforge.models.pretrained`` (safetensors;
@@ -39,6 +40,7 @@ import torch
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.models import Architecture, architecture, architectures_with
 from lmforge.serve.batcher import MicroBatcher, ShuttingDown
+from lmforge.serve.docs import add_docs, swagger_assets
 from lmforge.serve.schemas import Limits
 
 log = logging.getLogger("lmforge")
@@ -409,7 +411,8 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
             await batcher.close()
         executor.shutdown(wait=True)
 
-    app = FastAPI(title="lmforge serve", version=__version__, lifespan=lifespan,
+    # /docs is served by lmforge.serve.docs (no CDN: it works offline); ReDoc, a CDN page too, is not served
+    app = FastAPI(title="lmforge serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Serving {served.dir.name}: {served.describe()}. Endpoints: "
                               f"{', '.join(served.endpoints)}. Errors answer {{\"error\": message}}.")
     app.state.model, app.state.batchers, app.state.limits = served, batchers, limits
@@ -419,6 +422,7 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
     fields_of: dict[str, list[str]] = {}
 
     _add_error_handlers(app, served, fields_of)
+    add_docs(app, swagger_assets())
 
     async def run(path: str, items: list[Any], key: Hashable = None) -> list[Any]:
         try:

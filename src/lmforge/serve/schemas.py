@@ -156,7 +156,8 @@ class Answer(_Response):
     answer: str = Field(description="a span of the context (empty: no answer, SQuAD 2.0 models)")
     start: int | None = Field(None, description="character offset in the context (absent: no answer)")
     end: int | None = None
-    score: float | None = None
+    score: float | None = Field(None, description="its probability: p_start * p_end, each a softmax over the positions "
+                                                  "of its window (as transformers' question-answering pipeline)")
     warnings: list[str]
 
 

@@ -118,7 +118,8 @@ class Task:
 
     # ---------------------------------------------------------------------------------------- outputs
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[Any]:
+                batch_size: int = 32, progress: str | None = None) -> list[Any]:
+        """One decoded prediction per example; ``progress`` labels a progress bar (None: none)."""
         raise NotImplementedError
 
     def metrics(self, examples: list[Any], predictions: list[Any]) -> dict[str, float]:
@@ -127,6 +128,52 @@ class Task:
     def record(self, example: Any, prediction: Any) -> dict[str, Any]:
         """One line of ``lmforge predict`` output."""
         raise NotImplementedError
+
+    def report(self, examples: list[Any], predictions: list[Any]) -> dict[str, Any] | None:
+        """The per-class report ``lmforge evaluate`` writes beside its metrics: ``{"unit", "per_class": {name:
+        {"precision", "recall", "f1", "support"}}, "confusion": {"labels", "matrix", "rows", "columns"} (when the
+        task has one), "unknown_labels": {label: count}}``; None for tasks without classes (QA, regression, multiple
+        choice)."""
+        return None
+
+    def _unknown_counts(self, examples: list[Any]) -> dict[str, int]:
+        return {label: count for label, (count, _) in self.unknown_labels(examples).items()}
+
+    label_noun = "label"  # what the task calls one gold label in messages ("tag" for tagging)
+
+    def gold_labels(self, example: Any) -> list[str]:
+        """The gold labels of ``example`` as the model names them (a tagger's tags, a classifier's class); empty
+        for an unlabelled example and for tasks without a label vocabulary (QA, multiple choice, regression)."""
+        return []
+
+    def unknown_labels(self, examples: list[Any]) -> dict[str, tuple[int, int | None]]:
+        """Gold labels of ``examples`` the model cannot produce (never in its training data): ``{label: (count,
+        first line)}``, in order of first appearance."""
+        found: dict[str, tuple[int, int | None]] = {}
+        known = self._label_ids
+        for example in examples:
+            for label in self.gold_labels(example):
+                if label not in known:
+                    count, line = found.get(label, (0, getattr(example, "line", None)))
+                    found[label] = (count + 1, line)
+        return found
+
+    def warn_unknown_labels(self, examples: list[Any], source: str) -> dict[str, tuple[int, int | None]]:
+        """Warn once, naming each gold label the model cannot produce with its count and first line: evaluation
+        scores those items as misses (a gold entity or class never predicted) instead of stopping.
+
+        Returns:
+            ``unknown_labels(examples)``.
+        """
+        found = self.unknown_labels(examples)
+        if found:
+            shown = ", ".join(f"{label!r} x{count}" + (f" (first at line {line})" if line is not None else "")
+                              for label, (count, line) in list(found.items())[:10])
+            more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+            log.warning("%s: %d gold %s%s the model cannot produce (never in its training data): %s%s; scored as "
+                        "misses. Add examples of them to the training set to learn them", source, len(found),
+                        self.label_noun, "s" if len(found) > 1 else "", shown, more)
+        return found
 
     def label_id(self, label: str, where: str) -> int:
         try:
@@ -199,21 +246,90 @@ def pad_windows(features: list[Feature], pad_id: int) -> dict[str, Tensor]:
     return batch
 
 
+def encode_pair(tokenizer: Any, a: str, b: str, max_length: int) -> tuple[list[int], list[int], int]:
+    """``[CLS] a [SEP] b [SEP]`` cut longest-first to ``max_length`` tokens, as ``tokenizer(a, b, max_length=...,
+    truncation="longest_first")`` gives it (Hugging Face's rule: the shorter text keeps its length when it fits in
+    half the budget, else half; the longer one gets the rest), but silently: the task counts what was cut and says it
+    once for the whole file (``warn_truncated``) instead of one warning per line.
+
+    Returns:
+        (input ids, token type ids, the length before cutting).
+    """
+    ids_a, ids_b = tokenizer.encode_ids(a), tokenizer.encode_ids(b)
+    full = len(ids_a) + len(ids_b) + 3
+    budget = max_length - 3
+    if budget < 0:
+        raise LmforgeError(f"max_length={max_length} is shorter than a pair's three special tokens; raise it")
+    if full > max_length:
+        first_is_shorter = len(ids_a) <= len(ids_b)
+        shorter = min(len(ids_a) if first_is_shorter else len(ids_b), budget // 2)
+        keep_a, keep_b = (shorter, budget - shorter) if first_is_shorter else (budget - shorter, shorter)
+        ids_a, ids_b = ids_a[:keep_a], ids_b[:keep_b]
+    ids = [tokenizer.cls_id, *ids_a, tokenizer.sep_id, *ids_b, tokenizer.sep_id]
+    return ids, [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1), full
+
+
+def warn_truncated(cut: Sequence[tuple[int | None, int]], total: int, what: str, *, max_length: int, unit: str,
+                   action: str, fix: str) -> None:
+    """One warning for all the inputs of a file that did not fit (not one per line): how many, the longest, and
+    the first line numbers, e.g. "3 of 279 examples are longer than max_length=128 tokens and were truncated
+    (longest 612 tokens; lines 4, 17, 90): raise --max-length ...".
+
+    Args:
+        cut: ``(line, length)`` of each input that was cut (line None when unknown), in file order.
+        total: the inputs read.
+        what: their name ("examples", "sentences").
+        max_length: the limit; ``unit`` names what it counts ("tokens", "sub-words").
+        action: what was done to them ("were truncated").
+        fix: the options that change it.
+    """
+    if not cut:
+        return
+    lines = [line for line, _ in cut if line is not None]
+    shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
+    where = f"; line{'s' if len(lines) > 1 else ''} {shown}" if lines else ""
+    log.warning("%d of %d %s are longer than max_length=%d %s and %s (longest %d %s%s): %s", len(cut), total, what,
+                max_length, unit, action, max(length for _, length in cut), unit, where, fix)
+
+
+def cut_sentences(examples: Sequence[Any], features: Sequence[Feature], tokenizer: Any) -> list[tuple[int | None, int]]:
+    """``(line, sub-words with [CLS] and [SEP])`` of each word-level example whose feature lost words to
+    ``max_length`` (``n_words`` < ``n_words_total``), for ``warn_truncated``."""
+    cut = []
+    for example, feature in zip(examples, features, strict=True):
+        if feature["n_words"] < feature["n_words_total"]:
+            length = sum(len(tokenizer.encode_ids(w) or [0]) for w in example.tokens) + 2
+            cut.append((getattr(example, "line", None), length))
+    return cut
+
+
 def feature_length(feature: Feature) -> int:
     """Tokens of a feature: its ``length`` entry, else the length of its ``input_ids``."""
     return int(feature["length"]) if "length" in feature else len(feature["input_ids"])
 
 
+def progress_bar(total: int, desc: str | None):
+    """A tqdm bar over ``total`` model inputs, labelled ``desc``; None draws nothing (the default: library calls and
+    ``-q`` stay silent). A bar opened while another one runs (the dev evaluation inside training) is removed when
+    it ends, so the training bar keeps its line."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="input", dynamic_ncols=True, disable=desc is None, leave=False)
+
+
 def run_model(model: nn.Module, features: list[Feature], collate: Callable[[list[Feature]], dict[str, Tensor]],
-              batch_size: int, *, drop: Sequence[str] = ()) -> Iterator[tuple[list[int], Any]]:
+              batch_size: int, *, drop: Sequence[str] = (), progress: str | None = None
+              ) -> Iterator[tuple[list[int], Any]]:
     """Yield ``(feature indices, head output)`` over ``features`` in eval mode without gradients.
 
-    Features are sorted by length so each batch pads little; ``drop`` names batch keys (labels) not to pass.
+    Features are sorted by length so each batch pads little; ``drop`` names batch keys (labels) not to pass;
+    ``progress`` labels a progress bar over the features (None: no bar).
     """
     device = next(model.parameters()).device
     order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
     was_training = model.training
     model.eval()
+    bar = progress_bar(len(order), progress)
     try:
         with torch.no_grad():
             for start in range(0, len(order), batch_size):
@@ -221,5 +337,7 @@ def run_model(model: nn.Module, features: list[Feature], collate: Callable[[list
                 batch = collate([features[i] for i in chunk])
                 batch = {k: v.to(device) for k, v in batch.items() if k not in drop}
                 yield chunk, model(**batch)
+                bar.update(len(chunk))
     finally:
+        bar.close()
         model.train(was_training)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmforge.tasks.base import Feature, Task, pad_windows, run_model
+from lmforge.tasks.base import Feature, Task, encode_pair, pad_windows, run_model, warn_truncated
 
 log = logging.getLogger("lmforge")
 
@@ -36,7 +36,7 @@ class ChoiceTask(Task):
 
         c = self.config
         return read_choices(path, text_column=c.text_column, choices_column=c.choices_column,
-                            label_column=c.label_column, require_labels=labelled)
+                            label_column=c.label_column, require_labels=labelled, read_labels=labelled)
 
     def fit_labels(self, examples: list[Any]) -> None:
         """Nothing to fit: the label is an option's index, and the head scores options of any number."""
@@ -44,23 +44,23 @@ class ChoiceTask(Task):
 
     def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         c = self.config
-        features, cut, rows = [], 0, 0
+        features, cut, rows = [], [], 0
         for i, example in enumerate(examples):
             windows, segments = [], []
             for option in example.choices:
-                enc = tokenizer(example.text, option, max_length=c.max_length, truncation="longest_first")
-                windows.append(enc["input_ids"])
-                segments.append(enc["token_type_ids"])
-                cut += enc.truncated
+                ids, types, full = encode_pair(tokenizer, example.text, option, c.max_length)
+                windows.append(ids)
+                segments.append(types)
+                if full > c.max_length:
+                    cut.append((getattr(example, "line", None), full))
                 rows += 1
             feature: Feature = {"windows": windows, "segments": segments, "example_index": i,
                                 "length": max(len(w) for w in windows) * len(windows)}
             if example.label is not None:
                 feature["label"] = example.label
             features.append(feature)
-        if cut:
-            log.warning("%d of %d (context, option) rows are longer than max_length=%d tokens and were cut "
-                        "longest-first (--max-length)", cut, rows, c.max_length)
+        warn_truncated(cut, rows, "(context, option) rows", max_length=c.max_length, unit="tokens",
+                       action="were cut longest-first", fix="raise --max-length")
         return features
 
     def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
@@ -75,10 +75,10 @@ class ChoiceTask(Task):
         return {self.loss_name: int(batch["labels"].shape[0])}
 
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[dict[str, Any]]:
+                batch_size: int = 32, progress: str | None = None) -> list[dict[str, Any]]:
         predictions: list[dict[str, Any] | None] = [None] * len(examples)
         for chunk, out in run_model(model, features, lambda fs: self.collate(fs, tokenizer.pad_id), batch_size,
-                                    drop=("labels",)):
+                                    drop=("labels",), progress=progress):
             for j, i in enumerate(chunk):
                 index = features[i]["example_index"]
                 n = len(examples[index].choices)

@@ -59,13 +59,13 @@ class QATask(Task):
         return {self.loss_name: int(batch["input_ids"].shape[0])}
 
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[dict[str, Any]]:
+                batch_size: int = 32, progress: str | None = None) -> list[dict[str, Any]]:
         from lmforge.data.qa_features import decode_qa
 
         starts: list[np.ndarray | None] = [None] * len(features)
         ends: list[np.ndarray | None] = [None] * len(features)
         for chunk, out in run_model(model, features, lambda fs: self.collate(fs, tokenizer.pad_id), batch_size,
-                                    drop=("start_positions", "end_positions")):
+                                    drop=("start_positions", "end_positions"), progress=progress):
             s, e = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
             for j, i in enumerate(chunk):
                 n = len(features[i]["input_ids"])

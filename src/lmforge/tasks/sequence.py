@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.tasks.base import Feature, Task, pad_windows, run_model
+from lmforge.tasks.base import Feature, Task, encode_pair, pad_windows, run_model, warn_truncated
 
 log = logging.getLogger("lmforge")
 
@@ -77,9 +77,10 @@ class SequenceTask(Task):
 
         c = self.config
         data = read_classification(path, text_column=c.text_column, text_pair_column=c.text_pair_column,
-                                   label_column=c.label_column, require_labels=labelled, pair=self.pair)
+                                   label_column=c.label_column, require_labels=labelled, pair=self.pair,
+                                   read_labels=labelled)
         fitted = bool(self.labels) or self.regression
-        if fitted and data.kind is not None and (data.kind == "regression") != self.regression:
+        if labelled and fitted and data.kind is not None and (data.kind == "regression") != self.regression:
             found = "numbers with decimals" if data.kind == "regression" else "classes"
             raise LmforgeError(f"{path}: the labels are {found}, but the model was trained for "
                                f"{'regression' if self.regression else 'classification'}")
@@ -93,17 +94,22 @@ class SequenceTask(Task):
             raise LmforgeError(f"the training data has a single label ({self.labels}); classification needs two "
                                "or more")
 
-    def _target(self, example: Any) -> float | int | None:
+    def gold_labels(self, example: Any) -> list[str]:
+        return [] if self.regression or example.label is None else [str(example.label)]
+
+    def _target(self, example: Any, training: bool) -> float | int | None:
         if example.label is None:
             return None
         if self.regression:
             return float(example.label)
+        if not training and str(example.label) not in self._label_ids:
+            return None  # a class the model cannot produce: scored as a miss (warn_unknown_labels)
         return self.label_id(str(example.label), f"line {example.line}")
 
     def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         c = self.config
         room = c.max_length - 2
-        features, cut = [], 0
+        features, cut = [], []
         for i, example in enumerate(examples):
             if self.pair:
                 orders = [(example.text, example.text_pair or "")]
@@ -111,32 +117,33 @@ class SequenceTask(Task):
                     orders.append(orders[0][::-1])
                 windows, segments = [], []
                 for a, b in orders:
-                    enc = tokenizer(a, b, max_length=c.max_length, truncation="longest_first")
-                    windows.append(enc["input_ids"])
-                    segments.append(enc["token_type_ids"])
-                cut += enc.truncated
+                    ids, types, full = encode_pair(tokenizer, a, b, c.max_length)
+                    windows.append(ids)
+                    segments.append(types)
+                if full > c.max_length:
+                    cut.append((getattr(example, "line", None), full))
             else:
                 ids = tokenizer.encode_ids(example.text)
                 pieces, was_cut = self._fit(ids, room)
-                cut += was_cut
+                if was_cut:
+                    cut.append((getattr(example, "line", None), len(ids) + 2))
                 windows = [[tokenizer.cls_id, *p, tokenizer.sep_id] for p in pieces]
                 segments = [[0] * len(w) for w in windows]
             feature: Feature = {"windows": windows, "segments": segments, "example_index": i,
                                 "length": max(len(w) for w in windows) * len(windows)}
-            target = self._target(example)
+            target = self._target(example, training)
             if target is not None:
                 feature["label"] = target
             features.append(feature)
-        self.truncated = cut
-        if cut:
-            if self.pair:
-                log.warning("%d of %d pairs are longer than max_length=%d tokens and were cut longest-first "
-                            "(--max-length)", cut, len(examples), c.max_length)
-            else:
-                how = {"truncate": "truncated", "head-tail": "cut to their head and tail",
-                       "chunks": f"cut at {c.max_chunks} windows"}[c.long_text]
-                log.warning("%d of %d examples are longer than max_length=%d tokens and were %s (--long-text "
-                            "truncate|head-tail|chunks, --max-length)", cut, len(examples), c.max_length, how)
+        self.truncated = len(cut)
+        if self.pair:
+            warn_truncated(cut, len(examples), "pairs", max_length=c.max_length, unit="tokens",
+                           action="were cut longest-first", fix="raise --max-length")
+        else:
+            how = {"truncate": "were truncated", "head-tail": "were cut to their head and tail",
+                   "chunks": f"were cut at {c.max_chunks} windows"}[c.long_text]
+            warn_truncated(cut, len(examples), "examples", max_length=c.max_length, unit="tokens", action=how,
+                           fix="--long-text truncate|head-tail|chunks, --max-length")
         return features
 
     def _fit(self, ids: list[int], room: int) -> tuple[list[list[int]], bool]:
@@ -164,10 +171,10 @@ class SequenceTask(Task):
 
     # ---------------------------------------------------------------------------------------- outputs
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[dict[str, Any]]:
+                batch_size: int = 32, progress: str | None = None) -> list[dict[str, Any]]:
         logits: list[Tensor | None] = [None] * len(examples)
         for chunk, out in run_model(model, features, lambda fs: self.collate(fs, tokenizer.pad_id), batch_size,
-                                    drop=("labels",)):
+                                    drop=("labels",), progress=progress):
             for j, i in enumerate(chunk):
                 logits[features[i]["example_index"]] = out.logits[j].float().cpu()
         predictions = []
@@ -187,6 +194,15 @@ class SequenceTask(Task):
         if self.regression:
             return regression_metrics([float(e.label) for e in examples], [p["value"] for p in predictions])
         return classification_metrics([str(e.label) for e in examples], [p["label"] for p in predictions])
+
+    def report(self, examples: list[Any], predictions: list[dict[str, Any]]) -> dict[str, Any] | None:
+        from lmforge.metrics import class_report
+
+        if self.regression:
+            return None
+        report = class_report([str(e.label) for e in examples], [p["label"] for p in predictions], self.labels)
+        report["confusion"].update(rows="gold class", columns="predicted class")
+        return {"unit": "class", **report, "unknown_labels": self._unknown_counts(examples)}
 
     def record(self, example: Any, prediction: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"text": example.text}

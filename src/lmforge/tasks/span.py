@@ -19,7 +19,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.tasks.base import Feature, Task, run_model
+from lmforge.tasks.base import Feature, Task, cut_sentences, run_model, warn_truncated
 
 log = logging.getLogger("lmforge")
 
@@ -28,6 +28,7 @@ class SpanTask(Task):
     head_type = "span_classification"
     options = ("max_span_width", "span_pooling", "span_features", "span_decoding", "allow_causal")
     loss_name = "span"
+    label_noun = "span label"
     default_metric = "f1"
 
     def head_options(self) -> dict[str, Any]:
@@ -46,19 +47,29 @@ class SpanTask(Task):
         if not self.labels:
             raise LmforgeError("the training data has no labelled span")
 
+    def gold_labels(self, example: Any) -> list[str]:
+        return [label for _, _, label in example.spans or ()]
+
     def _featurize(self, examples: list[Any], tokenizer: Any, *, training: bool) -> list[Feature]:
         from lmforge.data.token_features import featurize_spans
 
         c = self.config
+        known = self._label_ids
+        pairs = []
         for e in examples:
-            for _, _, label in e.spans or ():
-                if label not in self._label_ids:
-                    self.label_id(label, f"line {e.line}")  # raises, naming the line
-        features, truncated, too_wide = featurize_spans([(e.tokens, e.spans) for e in examples], tokenizer,
-                                                        self._label_ids, c.max_length, c.max_span_width)
+            spans = e.spans
+            if spans is not None and training:
+                for _, _, label in spans:
+                    if label not in known:
+                        self.label_id(label, f"line {e.line}")  # raises, naming the line
+            elif spans is not None:  # evaluation: a label the model cannot produce is scored as a miss
+                spans = [span for span in spans if span[2] in known]
+            pairs.append((e.tokens, spans))
+        features, truncated, too_wide = featurize_spans(pairs, tokenizer, known, c.max_length, c.max_span_width)
         if truncated:
-            log.warning("%d of %d sentences are longer than max_length=%d sub-words; their last words were cut",
-                        truncated, len(examples), c.max_length)
+            warn_truncated(cut_sentences(examples, features, tokenizer), len(examples), "sentences",
+                           max_length=c.max_length, unit="sub-words", action="lost their last words",
+                           fix="raise --max-length")
         if too_wide:
             log.warning("%d gold spans are wider than max_span_width=%d words and cannot be predicted "
                         "(--task.max_span_width)", too_wide, c.max_span_width)
@@ -73,10 +84,10 @@ class SpanTask(Task):
         return {self.loss_name: int((batch["span_labels"] != -100).sum())}
 
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[list[tuple[int, int, str]]]:
+                batch_size: int = 32, progress: str | None = None) -> list[list[tuple[int, int, str]]]:
         results: list[list[tuple[int, int, str]]] = [[] for _ in examples]
         collate = lambda fs: self.collate(fs, tokenizer.pad_id)  # noqa: E731
-        for chunk, out in run_model(model, features, collate, batch_size, drop=("span_labels",)):
+        for chunk, out in run_model(model, features, collate, batch_size, drop=("span_labels",), progress=progress):
             for j, spans in enumerate(model.head.decode(out, self.config.span_decoding)):
                 results[chunk[j]] = [tuple(s) for s in spans]
         return results
@@ -88,6 +99,12 @@ class SpanTask(Task):
         out = {"precision": scores["precision"], "recall": scores["recall"], "f1": scores["f1"]}
         out.update({f"f1_{kind}": v["f1"] for kind, v in sorted(scores["per_type"].items())})
         return out
+
+    def report(self, examples: list[Any], predictions: list[list[tuple[int, int, str]]]) -> dict[str, Any] | None:
+        from lmforge.metrics import span_scores
+
+        scores = span_scores([e.spans for e in examples], predictions)
+        return {"unit": "span label", "per_class": scores["per_type"], "unknown_labels": self._unknown_counts(examples)}
 
     def record(self, example: Any, prediction: list[tuple[int, int, str]]) -> dict[str, Any]:
         return {"tokens": example.tokens,

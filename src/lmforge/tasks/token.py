@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.tasks.base import Feature, Task, run_model
+from lmforge.tasks.base import Feature, Task, cut_sentences, run_model, warn_truncated
 
 log = logging.getLogger("lmforge")
 
@@ -25,6 +25,7 @@ class TokenTask(Task):
     head_type = "token_classification"
     options = ("crf", "scheme", "subwords", "word_pooling", "allow_causal")
     loss_name = "tag"
+    label_noun = "tag"
     default_metric = "f1"
 
     @property
@@ -55,15 +56,25 @@ class TokenTask(Task):
         return sentences
 
     def fit_labels(self, examples: list[Any]) -> None:
-        from lmforge.data.schemes import detect_scheme
+        from lmforge.data.schemes import close_labels, detect_scheme
 
         if self.config.scheme == "auto":
             self.config = replace(self.config, scheme=detect_scheme([s.tags for s in examples]))
             log.info("tag scheme: %s (detected; --scheme to set it)", self.scheme)
         tags = {t for s in examples for t in self._model_tags(s.tags)}
-        self.labels = (["O"] if "O" in tags else []) + sorted(tags - {"O"}, key=lambda t: (t[2:], t))
-        if len(self.labels) < 2:
-            raise LmforgeError(f"the training data has a single tag ({self.labels}); tagging needs two or more")
+        if tags <= {"O"}:
+            raise LmforgeError(f"the training data has a single tag ({', '.join(sorted(tags))}); tagging needs "
+                               "entities (B-X/I-X tags) as well as O")
+        # closed under the scheme: B-sportsteam brings I-sportsteam even when no team of two words was seen
+        self.labels = close_labels(tags, self.model_scheme)
+        added = [t for t in self.labels if t not in tags]
+        if added:
+            shown = ", ".join(added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else "")
+            log.info("tag set: %d tags, closed under %s: added %s (their entity types are in the training data, "
+                     "these tags are not), so the model can predict them", len(self.labels), self.model_scheme, shown)
+
+    def gold_labels(self, example: Any) -> list[str]:
+        return self._model_tags(example.tags) if example.tags is not None else []
 
     def _model_tags(self, tags: list[str]) -> list[str]:
         from lmforge.data.schemes import convert_tags
@@ -76,7 +87,7 @@ class TokenTask(Task):
         pairs = []
         for s in examples:
             tags = None
-            if s.tags is not None:
+            if s.tags is not None and training:  # prediction reads no gold tags: metrics take them from examples
                 tags = self._model_tags(s.tags)
                 for t in tags:
                     if t not in self._label_ids:
@@ -85,8 +96,9 @@ class TokenTask(Task):
         features, truncated = featurize_tagging(pairs, tokenizer, self._label_ids, self.config.max_length,
                                                 subwords=self.config.subwords)
         if truncated:
-            log.warning("%d of %d sentences are longer than max_length=%d sub-words; their last words were cut "
-                        "(predicted O; raise --max-length)", truncated, len(examples), self.config.max_length)
+            warn_truncated(cut_sentences(examples, features, tokenizer), len(examples), "sentences",
+                           max_length=self.config.max_length, unit="sub-words",
+                           action="lost their last words (predicted O)", fix="raise --max-length")
         return features
 
     def collate(self, features: list[Feature], pad_id: int) -> dict[str, Tensor]:
@@ -100,13 +112,14 @@ class TokenTask(Task):
 
     # ---------------------------------------------------------------------------------------- outputs
     def predict(self, model: nn.Module, examples: list[Any], features: list[Feature], tokenizer: Any, *,
-                batch_size: int = 32) -> list[dict[str, Any]]:
+                batch_size: int = 32, progress: str | None = None) -> list[dict[str, Any]]:
         from lmforge.data.schemes import convert_tags
 
         head = model.head
         results: list[dict[str, Any] | None] = [None] * len(examples)
         collate = lambda fs: self.collate(fs, tokenizer.pad_id)  # noqa: E731
-        for chunk, out in run_model(model, features, collate, batch_size, drop=("labels", "subword_labels")):
+        for chunk, out in run_model(model, features, collate, batch_size, drop=("labels", "subword_labels"),
+                                    progress=progress):
             paths = head.decode(out)
             probs = out.word_logits.float().softmax(-1).cpu()  # (B, W, L): CRF emissions normalised per word
             for j, i in enumerate(chunk):
@@ -131,6 +144,21 @@ class TokenTask(Task):
                "accuracy": correct / max(n_tokens, 1)}
         out.update({f"f1_{kind}": v["f1"] for kind, v in sorted(scores["per_type"].items())})
         return out
+
+    def report(self, examples: list[Any], predictions: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Entity-level scores per type (conlleval's), and the token-level confusion between entity types (what a
+        missed type was taken for: O or another type)."""
+        from lmforge.data.schemes import entity_types
+        from lmforge.metrics import entity_scores, tag_type_confusion
+
+        gold = [s.tags for s in examples]
+        pred = [p["tags"] for p in predictions]
+        scores = entity_scores(gold, pred, scheme=self.scheme)
+        labels, matrix = tag_type_confusion(gold, pred, entity_types(self.labels))
+        return {"unit": "entity type", "per_class": scores["per_type"],
+                "confusion": {"labels": labels, "matrix": matrix, "rows": "gold entity type (per token)",
+                              "columns": "predicted entity type (per token)"},
+                "unknown_labels": self._unknown_counts(examples)}
 
     def record(self, example: Any, prediction: dict[str, Any]) -> dict[str, Any]:
         from lmforge.data.schemes import tags_to_spans

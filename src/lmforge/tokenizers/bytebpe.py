@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.tokenizers.wordpiece import _as_list
+from lmforge.tokenizers.wordpiece import _as_list, _as_rows
 from lmforge.utils.io import atomic_write_text, check_can_write
 
 VOCAB_NAME = "vocab.json"
@@ -387,6 +387,11 @@ class ByteLevelBPETokenizer:
         if buffer:
             parts.append(buffer.decode("utf-8", errors="replace"))
         return "".join(parts)
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = True) -> list[str]:
+        """``decode`` of each row of a batch (a list of id lists, or a (B, T) tensor or array), as Hugging Face's
+        ``batch_decode``."""
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in _as_rows(sequences)]
 
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:

@@ -390,6 +390,11 @@ class WordPieceTokenizer:
                 words.append(tok)
         return " ".join(words)
 
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = True) -> list[str]:
+        """``decode`` of each row of a batch (a list of id lists, or a (B, T) tensor or array), as Hugging Face's
+        ``batch_decode``: padding is a special token, so padded rows decode like unpadded ones."""
+        return [self.decode(row, skip_special_tokens=skip_special_tokens) for row in _as_rows(sequences)]
+
     # ------------------------------------------------------------------ persistence
     def config(self) -> dict[str, Any]:
         """Settings in the layout of a Hugging Face ``tokenizer_config.json`` (readable by both)."""
@@ -560,6 +565,16 @@ def _as_list(ids: Any) -> list[int]:
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
     return [int(i) for i in ids]
+
+
+def _as_rows(sequences: Any) -> list[Any]:
+    """The rows of a batch of id sequences: a list of lists, a 2-D tensor or array (one row per sequence)."""
+    if hasattr(sequences, "tolist"):
+        sequences = sequences.tolist()
+    if not isinstance(sequences, (list, tuple)) or any(isinstance(s, (int, str)) for s in sequences):
+        raise LmforgeError("batch_decode takes a batch of id sequences (a list of lists or a 2-D tensor); "
+                           "use decode(ids) for one sequence")
+    return list(sequences)
 
 
 def _to_tensors(batch: BatchEncoding, kind: str) -> BatchEncoding:

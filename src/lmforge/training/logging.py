@@ -3,30 +3,52 @@
 Training lines hold ``step``, ``epoch``, ``loss``, ``loss_<term>`` for every loss term, every objective metric
 under its own name, ``lr``, ``grad_norm``, ``tokens_per_s``, ``tokens`` (seen so far) and ``elapsed_s``; losses,
 metrics and the gradient norm are means over the steps since the previous line. Evaluation lines hold ``step`` and
-``eval_*`` keys only. TensorBoard (``pip install tensorboard``) is imported only when asked for.
+the evaluation's values: ``eval_*`` keys computed on eval data, and a task evaluator's metrics under their plain
+names (``accuracy``, ``f1``, ``exact_match``, ``rougeL``...); they have no ``loss`` and no ``lr``. TensorBoard
+(``pip install tensorboard``) is imported only when asked for: training values go under ``train/``, evaluation
+values under ``eval_`` names. ``loss_curve.png`` is ``lmforge viz training``'s figure (``lmforge.viz.plots``).
 """
 
 from __future__ import annotations
 
 import glob
-import io
 import json
-import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.utils.io import atomic_write_bytes, atomic_write_text
+from lmforge.utils.io import atomic_write_text
 
 METRICS_NAME = "metrics.jsonl"
 CURVE_NAME = "loss_curve.png"
 TENSORBOARD_DIR = "tensorboard"
 
 
+# Where a faster malloc may be installed (the distributions' library folders, /usr/local, the Python environment),
+# and the file names that replace glibc's malloc when preloaded, tcmalloc first (the allocator we measured).
+ALLOCATOR_DIRS: tuple[str, ...] = ("/usr/lib/*-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+                                   os.path.join(sys.prefix, "lib"))
+ALLOCATOR_FILES = ("libtcmalloc.so*", "libtcmalloc_minimal.so*", "libjemalloc.so*")
+
+
+def find_allocator() -> str | None:
+    """The path of an installed tcmalloc or jemalloc shared library (tcmalloc first), or None when there is none."""
+    for name in ALLOCATOR_FILES:
+        found = sorted(path for folder in ALLOCATOR_DIRS for path in glob.glob(os.path.join(folder, name))
+                       if os.path.isfile(path))
+        # the runtime name (libtcmalloc.so.4) before the development link (libtcmalloc.so) and debug variants
+        found.sort(key=lambda path: (".so." not in os.path.basename(path), len(os.path.basename(path))))
+        if found:
+            return found[0]
+    return None
+
+
 def allocator_hint() -> str | None:
-    """A hint to preload tcmalloc when training on CPU with glibc malloc (None when an allocator is preloaded).
+    """A hint to preload the tcmalloc (or jemalloc) library found on this machine when training on CPU with glibc
+    malloc; None when an allocator is preloaded already, or when none is installed (a hint naming a file that does
+    not exist only misleads).
 
     Measured on our 2-core CPU machines: a large share of each training step went to the kernel handing memory back
     to glibc malloc; preloading tcmalloc made the same training 1.17-1.44x faster.
@@ -34,10 +56,12 @@ def allocator_hint() -> str | None:
     preload = os.environ.get("LD_PRELOAD", "")
     if not sys.platform.startswith("linux") or "tcmalloc" in preload or "jemalloc" in preload:
         return None
-    found = sorted(glob.glob("/usr/lib/*/libtcmalloc*.so.4") + glob.glob("/usr/lib/libtcmalloc*.so.4"))
-    where = found[0] if found else "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4 (Debian/Ubuntu: libgoogle-perftools4)"
-    return (f"training on CPU with glibc malloc; preloading tcmalloc usually speeds it up 1.2-1.4x: "
-            f"LD_PRELOAD={where}")
+    library = find_allocator()
+    if library is None:
+        return None
+    name = "tcmalloc" if "tcmalloc" in os.path.basename(library) else "jemalloc"
+    return (f"training on CPU with glibc malloc; preloading {name} usually speeds it up (tcmalloc: 1.2-1.4x "
+            f"measured): LD_PRELOAD={library}")
 
 
 def cpu_bf16_hint() -> str | None:
@@ -94,9 +118,11 @@ class MetricsLog:
         self._file.flush()  # a killed run keeps every line written so far
         if self._tb is not None:
             step = record["step"]
+            training = "loss" in record or "lr" in record  # evaluation lines have neither
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float):
-                    self._tb.add_scalar(key if key.startswith("eval_") else f"train/{key}", value, step)
+                    name = f"train/{key}" if training else key if key.startswith("eval_") else f"eval_{key}"
+                    self._tb.add_scalar(name, value, step)
             self._tb.flush()
 
     def close(self) -> None:
@@ -135,38 +161,16 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
     return len(records) - len(kept)
 
 
-def plot_loss_curve(records: list[dict[str, Any]], path: str | Path) -> None:
-    """PNG of training loss vs step, evaluation loss points, and the learning rate on a second axis.
+def plot_loss_curve(records: list[dict[str, Any]], path: str | Path, *, title: str | None = None) -> bool:
+    """Write the run's ``loss_curve.png``: the figure of ``lmforge viz training`` (train and dev loss, the learning
+    rate on a secondary axis, a panel per dev metric), written atomically.
 
-    Uses matplotlib's Agg canvas directly (no pyplot, so the caller's backend is untouched); written atomically.
+    Returns:
+        False (and nothing is written) while the records hold nothing to draw yet.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from lmforge.viz.plots import plot_training, training_curves
 
-    train = [r for r in records if "loss" in r and math.isfinite(r["loss"])]
-    evals = [r for r in records if "eval_loss" in r and math.isfinite(r["eval_loss"])]
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r["step"] for r in train], [r["loss"] for r in train], color="tab:blue", label="train loss")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", color="tab:orange",
-                label="eval loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
-    lines, labels = ax.get_legend_handles_labels()
-    lr = [r for r in train if "lr" in r]
-    if lr:
-        ax2 = ax.twinx()
-        ax2.plot([r["step"] for r in lr], [r["lr"] for r in lr], color="tab:green", alpha=0.6, label="lr")
-        ax2.set_ylabel("learning rate")
-        ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        more_lines, more_labels = ax2.get_legend_handles_labels()
-        lines, labels = lines + more_lines, labels + more_labels
-    if lines:
-        ax.legend(lines, labels, loc="upper right")
-    fig.subplots_adjust(left=0.09, right=0.88, bottom=0.12, top=0.96)  # fixed margins: tight_layout costs 2 draws
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    atomic_write_bytes(path, buffer.getvalue())
+    if training_curves(records).empty:
+        return False
+    plot_training(records, path, title=title if title is not None else Path(path).resolve().parent.name)
+    return True

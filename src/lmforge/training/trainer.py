@@ -44,6 +44,16 @@ their own generators, saved in their ``state_dict``.
 (see ``lmforge.training.checkpoint``), and at the end the final model (``config.json``, ``model.safetensors``,
 tokenizer files: the folder loads with ``load_pretrained``) and ``eval_results.json``.
 
+**Checkpoints** are written every ``save_every`` steps and every ``save_minutes`` minutes, whichever comes first,
+at the end, and when the process receives SIGTERM or SIGINT: the step under way finishes, a checkpoint is written, and
+``fit`` raises ``TrainingInterrupted`` (a ``KeyboardInterrupt``; the CLI exits with 128 + the signal number: 143 for
+SIGTERM, 130 for Ctrl-C); a second signal stops at once. Left unset (None), the cadence is the default one:
+``DEFAULT_SAVE_EVERY`` steps or ``DEFAULT_SAVE_MINUTES`` minutes, and a default-cadence checkpoint is skipped while
+less than ``SAVE_COST_FACTOR`` times the duration of the last write has passed since it, so that writing never
+takes more than about 1/20 of the training time (a large model on a fast GPU). Under several processes, rank 0's
+decision and any process's signal travel with the all-reduce that every step already makes, so all processes
+save at the same step. ``resume="auto"`` then continues from the newest checkpoint: the default recovery.
+
 **Resume** (``resume="auto"`` | ``"never"`` | a checkpoint or run folder): restores weights, optimizer, scheduler,
 step, data position and every RNG state, so the continued run is identical to an uninterrupted one; lines that the
 interrupted run logged after its checkpoint are dropped from metrics.jsonl. Only ``RESUMABLE_CHANGES`` may differ
@@ -64,6 +74,8 @@ import itertools
 import json
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -74,7 +86,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from lmforge.config import ModelConfig, TrainConfig, to_dict
+from lmforge.config import DEFAULT_SAVE_EVERY, DEFAULT_SAVE_MINUTES, ModelConfig, TrainConfig, to_dict
 from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput  # the contract's type lives with the objectives
 from lmforge.training import checkpoint as ckpt
@@ -92,17 +104,33 @@ from lmforge.training.logging import (
 from lmforge.training.optim import build_optimizer, build_scheduler
 from lmforge.training.state import BestTracker, Progress, Stateful, new_window
 from lmforge.utils.io import atomic_write_text
+from lmforge.utils.model_card import write_model_card
 
 log = logging.getLogger("lmforge")
 
 # TrainConfig fields that may differ between a checkpoint and the run resuming it. Changing max_steps stretches or
 # shortens the linear/cosine schedule (and warm-up, when given as warmup_ratio) from the resumed step on.
-RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "keep_last",
-                     "tensorboard", "device")
+RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes",
+                     "keep_last", "tensorboard", "device")
 PERPLEXITY_TERMS = ("lm", "clm", "mlm", "plm")
 # a metric named ``<x>_nll`` (a per-token negative log-likelihood) is also reported as ``<x>_ppl`` = exp of it
 NLL_SUFFIX, PPL_SUFFIX = "_nll", "_ppl"
 PLOT_INTERVAL_S = 30.0
+# a default-cadence checkpoint waits until this many times the last write's duration has passed since it
+SAVE_COST_FACTOR = 20.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """``fit`` stopped on SIGTERM or SIGINT, after writing a checkpoint (``checkpoint``; None when a second signal
+    stopped it at once). ``exit_code`` is the shell's convention, 128 + the signal number."""
+
+    def __init__(self, signum: int, checkpoint: Path | None, out_dir: Path) -> None:
+        self.signum, self.checkpoint, self.exit_code = signum, checkpoint, 128 + signum
+        name = signal.Signals(signum).name
+        saved = f"saved {checkpoint}" if checkpoint else "stopped at once (second signal), nothing saved after the " \
+            "last checkpoint"
+        super().__init__(f"training interrupted by {name}: {saved}; continue with --resume auto (--out {out_dir})")
 
 
 class Objective(Protocol):
@@ -136,12 +164,12 @@ def resolve_device(name: str, info: dist.DistInfo) -> torch.device:
 
 def _settled(config: TrainConfig) -> TrainConfig:
     """``config`` with nothing left to derive: ``max_steps`` must be set (a recipe derives it from epochs); unset
-    ``eval_every`` / ``save_every`` mean off."""
+    ``eval_every`` means off. Unset ``save_every`` / ``save_minutes`` stay None: the default cadence."""
     if config.max_steps is None:
         raise LmforgeError("train.max_steps is not set: give it (--max-steps / --train.max_steps), or let a recipe "
                            "derive it from epochs")
-    if config.eval_every is None or config.save_every is None:
-        config = dataclasses.replace(config, eval_every=config.eval_every or 0, save_every=config.save_every or 0)
+    if config.eval_every is None:
+        config = dataclasses.replace(config, eval_every=0)
     return config
 
 
@@ -265,6 +293,14 @@ class Trainer:
         self._last_plot = -math.inf
         self._t0 = self._t_window = time.perf_counter()
         self._tokens_window, self._elapsed_before = 0, 0.0
+        # checkpoint cadence (see the module docstring): explicit steps are exact on every rank; the default steps
+        # and the time cadence are rank 0's decision, shared with the step's all-reduce like a stop signal
+        self._default_steps = DEFAULT_SAVE_EVERY if config.save_every is None else 0
+        minutes = DEFAULT_SAVE_MINUTES if config.save_minutes is None else config.save_minutes
+        self._save_seconds = 60.0 * minutes
+        self._last_save_t, self._last_save_cost = time.perf_counter(), 0.0
+        self._signal: int | None = None  # the first SIGTERM / SIGINT received
+        self._save_now = self._stop_now = False  # agreed by every process during the last step
         if config.tensorboard and self.dist.is_main:
             require_tensorboard()
         self._resume, self._overwrite = resume, overwrite
@@ -428,10 +464,12 @@ class Trainer:
         resumed_here = self.resume_from is not None and ckpt.is_inside(self.resume_from, self.out_dir)
         last_saved = self.step if resumed_here else -1
         try:
-            with logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext():
+            with logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext(), \
+                    self._stopping_on_signals():
                 self.model.train()
                 self._t0, self._t_window, self._tokens_window = time.perf_counter(), time.perf_counter(), 0
                 self._elapsed_before = self.elapsed_s
+                self._last_save_t = time.perf_counter()
                 while self.step < cfg.max_steps:
                     step_loss, lr = self._train_step()
                     bar.update(1)
@@ -442,9 +480,13 @@ class Trainer:
                         metrics.write(last_record)
                     if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
                         self._evaluate_and_record(metrics)
-                    if cfg.save_every and self.step % cfg.save_every == 0:
+                    if (cfg.save_every and self.step % cfg.save_every == 0) or self._save_now:
                         self.save_checkpoint()
                         last_saved = self.step
+                    if self._stop_now and self.step < cfg.max_steps:
+                        checkpoint = self.save_checkpoint() if last_saved != self.step else \
+                            ckpt.checkpoint_path(self.out_dir, self.step)
+                        raise TrainingInterrupted(self._signal or signal.SIGTERM, checkpoint, self.out_dir)
                 if self._evaluates and self.last_eval.get("step") != self.step:
                     self._evaluate_and_record(metrics)
                 if last_saved != self.step:
@@ -509,17 +551,18 @@ class Trainer:
         if not self._checked_first_step:
             self._check_same_names(sorted(sums))
             self._checked_first_step = True
-        totals = self._global_sums({"tokens": tokens, **{f"{k}/sum": v[0] for k, v in sums.items()},
+        flags = {"trainer/save": float(self._save_due(self.step + 1)), "trainer/stop": float(self._signal is not None)}
+        totals = self._global_sums({"tokens": tokens, **flags, **{f"{k}/sum": v[0] for k, v in sums.items()},
                                     **{f"{k}/count": v[1] for k, v in sums.items() if not k.startswith("loss/")}})
+        # every process saves / stops after the same step; a single process also heeds a signal that came later
+        self._save_now = totals["trainer/save"] > 0
+        self._stop_now = totals["trainer/stop"] > 0 or (not self.dist.distributed and self._signal is not None)
         term_values = {t: totals[f"loss/{t}/sum"] / max(counts[t], 1.0) for t in terms}
         step_loss = sum(term_values.values())
         grad_norm = self._clip_gradients()
         lr = self.optimizer.param_groups[0]["lr"]
         if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
-            what = f"the loss is {step_loss}" if not math.isfinite(step_loss) else f"the gradient norm is {grad_norm}"
-            raise LmforgeError(f"{what} at step {self.step + 1} (lr {lr:.3g}); stopped without updating the weights "
-                               "or saving. Try a lower lr (or longer warm-up) or precision=fp32; the last "
-                               "checkpoint, if any, is intact")
+            raise LmforgeError(self._diverged_message(step_loss, grad_norm, lr))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -540,6 +583,21 @@ class Trainer:
             if not name.startswith("loss/"):
                 _add_pairs(w["metrics"], {name: (totals[f"{name}/sum"], totals[f"{name}/count"])})
         return step_loss, lr
+
+    def _diverged_message(self, loss: float, grad_norm: float, lr: float) -> str:
+        """A non-finite loss or gradient norm: what happened, the likely cause and the options to change."""
+        what = f"the loss is {loss}" if not math.isfinite(loss) else f"the gradient norm is {grad_norm}"
+        fixes = [f"lower the learning rate (--lr or --train.lr; now {self.config.lr:g})",
+                 f"lengthen the warm-up (--train.warmup_ratio, now {self.config.warmup_ratio:g}, or "
+                 "--train.warmup_steps)"]
+        if self.config.max_grad_norm <= 0:
+            fixes.append("clip the gradients (--train.max_grad_norm=1.0)")
+        if self.precision == "bf16":
+            fixes.append("train in fp32 (--precision fp32)")
+        return (f"training diverged: {what} at step {self.step + 1} (lr {lr:.3g}). It stopped without updating the "
+                "weights or saving; the last checkpoint, if any, is intact. Likely cause: too large a step for "
+                f"this model and data; {', or '.join(fixes)}, then start again (or --resume auto from the last "
+                "checkpoint)")
 
     def _global_sums(self, values: dict[str, Any]) -> dict[str, float]:
         """Each value (number or scalar tensor) summed over all processes, in one all-reduce."""
@@ -679,13 +737,15 @@ class Trainer:
         if self.dist.is_main:
             ckpt.save_model_atomically(self.model, self.out_dir / ckpt.BEST_NAME, model_config=self.model_config,
                                        head=self.head, tokenizer=self.tokenizer, state_dict=gathered)
-            log.info("step %d: best %s so far (%.4g); saved to %s", self.step, name, record[name],
-                     self.out_dir / ckpt.BEST_NAME)
+            # best/ is a staging folder: at the end its model moves up into out_dir, so name where it will be
+            log.info("step %d: best %s so far (%.4g); kept as the final model of %s unless a later one beats it",
+                     self.step, name, record[name], self.out_dir)
         dist.barrier(self.dist)
 
     # ---------------------------------------------------------------------------------------- saving
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-<step>`` (rank 0; every rank contributes its data position and RNG state)."""
+        start = time.perf_counter()
         data_states = dist.gather_objects(self.train_data.state_dict(), self.dist)
         rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
         path = ckpt.checkpoint_path(self.out_dir, self.step)
@@ -704,7 +764,42 @@ class Trainer:
                                  state_dict=gathered)
             log.info("saved checkpoint %s", path)
         dist.barrier(self.dist)
+        self._last_save_t = time.perf_counter()
+        self._last_save_cost = self._last_save_t - start
         return path
+
+    def _save_due(self, step: int) -> bool:
+        """Rank 0: whether the default step cadence or the time cadence asks for a checkpoint after ``step``."""
+        if not self.dist.is_main:
+            return False
+        since = time.perf_counter() - self._last_save_t
+        by_steps = bool(self._default_steps) and step % self._default_steps == 0
+        by_time = self._save_seconds > 0 and since >= self._save_seconds
+        return (by_steps or by_time) and since >= SAVE_COST_FACTOR * self._last_save_cost
+
+    @contextlib.contextmanager
+    def _stopping_on_signals(self) -> Iterator[None]:
+        """While the loop runs, SIGTERM and SIGINT ask it to checkpoint after the current step and stop (the
+        loop raises ``TrainingInterrupted``); a second signal stops at once. Handlers can only be installed from
+        the main thread; elsewhere signals keep their usual effect."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self._signal is not None:  # asked twice: do not wait for the step and the checkpoint
+                raise TrainingInterrupted(signum, None, self.out_dir)
+            self._signal = signum
+            if self.dist.is_main:
+                log.warning("received %s: finishing this step and saving a checkpoint, then stopping (send it "
+                            "again to stop at once)", signal.Signals(signum).name)
+
+        previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def _save_final(self) -> None:
         gathered = self._gathered_state()
@@ -731,6 +826,7 @@ class Trainer:
         if results:
             atomic_write_text(self.out_dir / "eval_results.json", json.dumps(results, indent=2) + "\n")
         self._plot(force=True)
+        write_model_card(self.out_dir)  # README.md: what was trained, on what, how, the metrics and plots
         log.info("saved the final model in %s", self.out_dir)
 
     def _best_is_in_place(self) -> bool:

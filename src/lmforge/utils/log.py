@@ -24,11 +24,11 @@ class _Formatter(logging.Formatter):
         return f"lmforge: {level}{record.getMessage()}"
 
 
-def setup_logging(quiet: bool = False) -> None:
+def setup_logging(quiet: bool = False, *, verbose: bool = False) -> None:
     logger = logging.getLogger("lmforge")
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
         handler.setFormatter(_Formatter())
         logger.addHandler(handler)
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False

@@ -1,0 +1,52 @@
+"""Fine-tuning defaults that used to fail quietly: the learning rate by backbone, the zero-metric hint."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lmforge.config import TaskConfig, TrainConfig, model_config_from_preset
+from lmforge.recipes.finetune import DEFAULT_LR, FinetuneRun, _ZeroMetricHint, default_lr
+from lmforge.tasks import make_task
+
+
+@pytest.mark.parametrize("preset, kind", [("bert-tiny", "random transformer"), ("rnn-attn", "recurrent"),
+                                          ("awd-lstm-small", "recurrent")])
+def test_default_lr_of_a_preset(preset, kind):
+    config = model_config_from_preset(preset, vocab_size=99, pad_token_id=0)
+    assert default_lr(preset, config) == (DEFAULT_LR[kind], kind)
+
+
+def test_default_lr_of_a_pretrained_transformer_folder(tmp_path):
+    config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
+    assert default_lr(str(tmp_path), config) == (5e-5, "pretrained transformer")  # BERT's (Devlin et al.)
+
+
+def _hint(eval_every: int | None) -> _ZeroMetricHint:
+    run = FinetuneRun(task=TaskConfig(task="token"), train=TrainConfig(lr=5e-5, max_steps=30, eval_every=eval_every))
+    return _ZeroMetricHint(run, make_task(run.task), per_epoch=10)
+
+
+@pytest.fixture
+def logs(caplog, monkeypatch):
+    """The lmforge logger's records (the CLI's setup_logging stops propagation to caplog's root handler)."""
+    monkeypatch.setattr(logging.getLogger("lmforge"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger="lmforge"):
+        yield caplog
+
+
+def test_a_dev_metric_still_zero_after_an_epoch_names_the_options(logs):
+    hint = _hint(eval_every=5)
+    hint({"f1": 0.0})  # half an epoch: too early to say
+    assert not logs.records
+    hint({"f1": 0.0})
+    hint({"f1": 0.0})  # said once only
+    [record] = logs.records
+    assert "dev f1 is still 0" in record.getMessage() and "--head-lr" in record.getMessage()
+    assert "--lr" in record.getMessage() and "--epochs" in record.getMessage()
+
+
+def test_no_hint_when_the_model_learns(logs):
+    _hint(eval_every=10)({"f1": 0.25})
+    assert not logs.records
