@@ -53,13 +53,13 @@ def _direct(folder, prompts, *, seq2seq: bool = False, **options):
 
 def test_greedy_and_beam_equal_generate(decoder):
     client, _, folder = decoder
-    r = client.post("/generate", json={"prompts": PROMPTS, "max_new_tokens": 6})
+    r = client.post("/generate", json={"texts": PROMPTS, "max_new_tokens": 6})
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     expected = _direct(folder, PROMPTS, max_new_tokens=6)
     assert [res["token_ids"][0] for res in results] == expected.best
     assert all(len(res["texts"]) == 1 and isinstance(res["texts"][0], str) for res in results)
-    r = client.post("/generate", json={"prompts": PROMPTS[:2], "strategy": "beam", "num_beams": 3,
+    r = client.post("/generate", json={"texts": PROMPTS[:2], "strategy": "beam", "num_beams": 3,
                                        "num_return_sequences": 2, "max_new_tokens": 5, "length_penalty": "gnmt"})
     assert r.status_code == 200, r.text
     expected = _direct(folder, PROMPTS[:2], strategy="beam", num_beams=3, num_return_sequences=2, max_new_tokens=5,
@@ -70,7 +70,7 @@ def test_greedy_and_beam_equal_generate(decoder):
 
 def test_seeded_sampling_is_repeatable(decoder):
     client, _, _ = decoder
-    body = {"prompts": ["alice"], "strategy": "sample", "seed": 3, "top_k": 5, "max_new_tokens": 8,
+    body = {"texts": ["alice"], "strategy": "sample", "seed": 3, "top_k": 5, "max_new_tokens": 8,
             "num_return_sequences": 2}
     first, second = client.post("/generate", json=body), client.post("/generate", json=body)
     assert first.status_code == 200, first.text
@@ -80,13 +80,13 @@ def test_seeded_sampling_is_repeatable(decoder):
 def test_concurrent_greedy_requests_answer_as_one_at_a_time(decoder):
     client, app, _ = decoder
     prompts = [" ".join(["alice"] + ["the"] * (i % 7)) for i in range(12)]
-    alone = [client.post("/generate", json={"prompts": [p], "max_new_tokens": 5}).json()["results"][0]
+    alone = [client.post("/generate", json={"texts": [p], "max_new_tokens": 5}).json()["results"][0]
              for p in prompts]
     before = app.state.batchers["/generate"].batches
 
     async def together():
         async with httpx.AsyncClient(base_url=str(client.base_url), timeout=60) as c:
-            rs = await asyncio.gather(*(c.post("/generate", json={"prompts": [p], "max_new_tokens": 5})
+            rs = await asyncio.gather(*(c.post("/generate", json={"texts": [p], "max_new_tokens": 5})
                                         for p in prompts))
         return [r.json()["results"][0] for r in rs]
 
@@ -97,13 +97,13 @@ def test_concurrent_greedy_requests_answer_as_one_at_a_time(decoder):
 
 
 @pytest.mark.parametrize("body, status, message", [
-    ({"prompts": ["a"], "temperature": 0.7}, 422, "temperature=0.7 only apply to strategy 'sample'"),
-    ({"prompts": ["a"], "strategy": "beam", "num_beams": 2, "num_return_sequences": 3}, 422,
+    ({"texts": ["a"], "temperature": 0.7}, 422, "temperature=0.7 only apply to strategy 'sample'"),
+    ({"texts": ["a"], "strategy": "beam", "num_beams": 2, "num_return_sequences": 3}, 422,
      "num_return_sequences=3 exceeds num_beams=2"),
-    ({"prompts": ["a"], "strategy": "nucleus"}, 422, "strategy: Input should be 'greedy', 'beam' or 'sample'"),
-    ({"prompts": ["a"], "max_new_tokens": 31}, 422, "max_new_tokens: Input should be less than or equal to 30"),
-    ({"prompts": ["a"], "length_penalty": "gnmt:x"}, 422, "ALPHA must be a number"),
-    ({"prompts": ["alice " * 20]}, 413, "prompts[0]: 20 tokens; at most 16 are accepted (server option --max-length)"),
+    ({"texts": ["a"], "strategy": "nucleus"}, 422, "strategy: Input should be 'greedy', 'beam' or 'sample'"),
+    ({"texts": ["a"], "max_new_tokens": 31}, 422, "max_new_tokens: Input should be less than or equal to 30"),
+    ({"texts": ["a"], "length_penalty": "gnmt:x"}, 422, "ALPHA must be a number"),
+    ({"texts": ["alice " * 20]}, 413, "texts[0]: 20 tokens; at most 16 are accepted (server option --max-length)"),
     ({"prompt": "a"}, 422, "unknown field 'prompt'"),
 ])
 def test_invalid_generation_requests(decoder, body, status, message):
@@ -116,7 +116,7 @@ def test_invalid_generation_requests(decoder, body, status, message):
 def test_new_tokens_are_capped_by_the_context_with_a_warning(decoder):
     client, _, _ = decoder
     prompt = "alice " * 14  # [SEP] + 14 tokens: 24 - 15 + 1 = 10 new tokens fit
-    r = client.post("/generate", json={"prompts": [prompt], "max_new_tokens": 30})
+    r = client.post("/generate", json={"texts": [prompt], "max_new_tokens": 30})
     assert r.status_code == 200, r.text
     assert r.json()["warnings"] == ["max_new_tokens=30 reduced to 10: the longest prompt has 15 tokens and the model "
                                     "reads 24 positions"]
@@ -128,7 +128,21 @@ def test_new_tokens_are_capped_by_the_context_with_a_warning(decoder):
 def test_encoder_decoder_generates_from_a_source(tmp_path):
     folder = _save("seq2seq", tmp_path / "t5ish")
     with server_thread(create_app(folder)) as url:
-        r = httpx.post(f"{url}/generate", json={"prompts": PROMPTS, "max_new_tokens": 4}, timeout=60)
+        r = httpx.post(f"{url}/generate", json={"texts": PROMPTS, "max_new_tokens": 4}, timeout=60)
     assert r.status_code == 200, r.text
     expected = _direct(folder, PROMPTS, seq2seq=True, max_new_tokens=4)
     assert [res["token_ids"][0] for res in r.json()["results"]] == expected.best
+
+
+def test_texts_is_the_field_and_prompts_its_deprecated_spelling(decoder):
+    client = decoder[0]
+    new = client.post("/generate", json={"texts": ["alice"], "max_new_tokens": 4})
+    old = client.post("/generate", json={"prompts": ["alice"], "max_new_tokens": 4})
+    assert new.status_code == old.status_code == 200
+    assert old.json()["results"] == new.json()["results"]
+    assert any("prompts is deprecated" in w for w in old.json()["warnings"])
+    assert not any("deprecated" in w for w in new.json()["warnings"])
+    both = client.post("/generate", json={"texts": ["a"], "prompts": ["a"]})
+    assert both.status_code == 422 and "give texts only" in both.json()["error"]
+    neither = client.post("/generate", json={"max_new_tokens": 4})
+    assert neither.status_code == 422 and "texts: required field missing" in neither.json()["error"]

@@ -291,18 +291,21 @@ class ServedModel:
 
         warnings: list[str] = []
         lengths = []
-        for i, prompt in enumerate(body.prompts):
+        if body.texts is None:
+            warnings.append("prompts is deprecated: send the same list as texts (prompts stops working in the next "
+                            "release)")
+        for i, prompt in enumerate(body.inputs):
             n = len(self.tokenizer.encode_ids(prompt))
-            self._check_length(f"prompts[{i}]", n, specials=False)
+            self._check_length(f"texts[{i}]", n, specials=False)
             if not self.family.is_causal_lm and n > self.config.max_seq_len:  # prompt_ids cuts sources
-                warnings.append(f"prompts[{i}]: {n} tokens, more than the model's max_seq_len of "
+                warnings.append(f"texts[{i}]: {n} tokens, more than the model's max_seq_len of "
                                 f"{self.config.max_seq_len}: truncated")
             lengths.append(len(self.prompt_ids(prompt)))
         new_tokens = body.max_new_tokens
         if self.family.is_causal_lm:  # prompt and new tokens share one context window
             room = self.config.max_seq_len - max(lengths) + 1  # the last new token is never fed back
             if room < 1:
-                raise ApiError(413, f"prompts[{lengths.index(max(lengths))}]: {max(lengths)} tokens (with the "
+                raise ApiError(413, f"texts[{lengths.index(max(lengths))}]: {max(lengths)} tokens (with the "
                                     f"start token) fill the model's context of {self.config.max_seq_len}; "
                                     "shorten it")
             if new_tokens > room:
@@ -313,7 +316,7 @@ class ServedModel:
             warnings.append(f"max_new_tokens={new_tokens} reduced to {self.config.max_seq_len}: the decoder reads "
                             f"at most max_seq_len={self.config.max_seq_len} positions")
             new_tokens = self.config.max_seq_len
-        options = body.model_dump(exclude={"prompts"})
+        options = body.model_dump(exclude={"texts", "prompts"})
         options["max_new_tokens"] = new_tokens
         tok = self.tokenizer
         options.update(eos_id=tok.sep_id, bos_id=tok.cls_id, pad_id=tok.pad_id)
@@ -492,7 +495,7 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
 
     async def generate(body) -> dict[str, Any]:
         key, warnings = served.check_generate(body)
-        return {"results": await run("/generate", body.prompts, key), "warnings": warnings}
+        return {"results": await run("/generate", body.inputs, key), "warnings": warnings}
 
     handlers = {"/classify": (schemas.Classify, sc.ClassifyResponse, classify),
                 "/tag": (schemas.Tag, sc.TagResponse, tag),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from lmforge.embeddings.contextual import COMBINES, POOLINGS, WORD_POOLINGS
 
@@ -210,7 +210,10 @@ def build_schemas(limits: Limits) -> SimpleNamespace:
         context: Annotated[str, StringConstraints(min_length=1, max_length=limits.max_chars)]
 
     class GenerateRequest(_Strict):
-        prompts: Annotated[list[text], Field(min_length=1, max_length=limits.max_texts)]
+        texts: Annotated[list[text] | None, Field(min_length=1, max_length=limits.max_texts, description=(
+            "the prompts (decoders) or sources (encoder-decoders)"))] = None
+        prompts: Annotated[list[text] | None, Field(min_length=1, max_length=limits.max_texts, description=(
+            "deprecated spelling of texts (accepted for one release, with a warning)"))] = None
         strategy: Literal["greedy", "beam", "sample"] = "greedy"
         max_new_tokens: Annotated[int, Field(ge=1, le=limits.max_new_tokens)] = 20
         num_beams: Annotated[int, Field(ge=1, le=16)] = 4
@@ -222,6 +225,18 @@ def build_schemas(limits: Limits) -> SimpleNamespace:
         repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
         no_repeat_ngram_size: Annotated[int, Field(ge=0)] = 0
         seed: int | None = None
+
+        @model_validator(mode="after")
+        def _one_spelling(self):  # texts, or the deprecated prompts, exactly once
+            if self.texts is not None and self.prompts is not None:
+                raise ValueError("give texts only (prompts is its deprecated spelling)")
+            if self.texts is None and self.prompts is None:
+                raise ValueError("texts: required field missing")
+            return self
+
+        @property
+        def inputs(self) -> list[str]:
+            return self.texts if self.texts is not None else self.prompts  # type: ignore[return-value]
 
     return SimpleNamespace(FillMask=FillMaskRequest, Classify=ClassifyRequest, Tag=TagRequest, Embed=EmbedRequest,
                            Answer=AnswerRequest, Generate=GenerateRequest)
@@ -260,6 +275,9 @@ def describe_validation_errors(errors: list[dict[str, Any]], *, fields: list[str
         elif loc == ("body",) and kind == "missing":
             statuses.append(400)
             messages.append(f"the body is empty; send a JSON object with the fields {accepted}")
+        elif loc == ("body",) and kind == "value_error":  # a model validator's own message (e.g. /generate's texts)
+            statuses.append(422)
+            messages.append(str(e.get("msg", "")).removeprefix("Value error, "))
         elif loc == ("body",) and "json" not in content_type.lower():
             statuses.append(415)
             messages.append(f"the body must be JSON sent with the header Content-Type: application/json (got "
