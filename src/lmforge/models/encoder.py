@@ -33,6 +33,7 @@ from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.packing import Packing
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
 
 __all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "build_encoder_layers", "init_bert_weights"]
@@ -187,6 +188,9 @@ class Encoder(PretrainedMixin, nn.Module):
         - Attention-probability dropout is ``config.attention_dropout`` and residual/embedding dropout
           ``config.dropout`` (BERT's attention_probs_dropout_prob and hidden_dropout_prob).
         - Fully padded sequences give finite (meaningless) outputs, never NaN (``lmforge.nn.masks``).
+        - Unpadding (``unpad``, on by default; not part of the config or the checkpoint): when a batch is padded
+          enough (``lmforge.nn.packing``), the layers run on the real tokens only and the outputs at padded
+          positions are zeros; ``model.unpad = False`` computes every position as before.
 
     State-dict keys: ``embeddings.{tokens,positions,segments,norm,projection}.*`` (segments / projection only when
     the model has them),
@@ -210,6 +214,7 @@ class Encoder(PretrainedMixin, nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first \
             else nn.Identity()
         self.pooler = Pooler(config.d_model) if config.pooler else None
+        self.unpad = True  # run the layers on the real tokens of a padded batch (lmforge.nn.packing)
         self.apply(lambda m: init_bert_weights(m, config.init_std))
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -250,14 +255,20 @@ class Encoder(PretrainedMixin, nn.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, D)
         hidden_states = [x] if output_hidden_states else None
         attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        # unpadded unless attention weights are asked for (looking inside: every query row as the model computes it)
+        packing = Packing.decide(key_mask, enabled=self.unpad and output_attentions is False)
+        if packing is not None:  # the layers run on the real tokens only (lmforge.nn.packing)
+            x = packing.pack(x)  # (N, D)
         for i, layer in enumerate(self.layers):
-            out = layer(x, attention_mask=key_mask, need_weights=i in wanted)
-            x = out.hidden  # (B, T, D)
+            out = layer(x, attention_mask=key_mask, need_weights=i in wanted, packing=packing)
+            x = out.hidden  # (B, T, D), or (N, D) packed
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(x if packing is None else packing.unpack(x))
             if attentions is not None:
                 attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
-        x = self.final_norm(x)  # (B, T, D); Identity in post-LN mode
+        x = self.final_norm(x)  # (B, T, D) or (N, D); Identity in post-LN mode
+        if packing is not None:
+            x = packing.unpack(x)  # (B, T, D), zeros at padding
         if hidden_states is not None:
             hidden_states[-1] = x  # the last entry is always last_hidden_state (normed in pre-LN mode)
         pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from lmforge.choices import HARD_ATTENTION_ESTIMATORS, LOCAL_ALIGNMENTS
 from lmforge.errors import LmforgeError
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask
+from lmforge.nn.packing import Packing
 
 __all__ = [
     "KERNELS",
@@ -804,6 +805,7 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        packing: Packing | None = None,
     ) -> AttentionOutput:
         """Attend from ``query`` to itself (self-attention) or to ``key_value`` (cross-attention).
 
@@ -819,10 +821,14 @@ class MultiHeadAttention(nn.Module):
             cache: a KVCache to read and extend (incremental decoding).
             need_weights: also return the (B, H, T, S) weights; this call then runs the math path (whatever the
                 kernel) so the weights are exactly those used.
+            packing: self-attention without a cache on a packed batch (``lmforge.nn.packing``): ``query`` is the
+                (N, D) rows of the real tokens; the projections run on them, attention on the padded layout.
 
         Returns:
-            AttentionOutput(output (B, T, D), weights (B, H, T, S) or None, cache).
+            AttentionOutput(output (B, T, D), or (N, D) with ``packing``; weights (B, H, T, S) or None; cache).
         """
+        if packing is not None:
+            return self._packed_self_attention(query, packing, attention_mask, attn_mask, need_weights)
         if query.dim() != 3 or query.shape[-1] != self.d_model:
             raise LmforgeError(f"query must be (batch, length, d_model={self.d_model}); got {tuple(query.shape)}")
         B, T, _ = query.shape
@@ -867,6 +873,29 @@ class MultiHeadAttention(nn.Module):
             out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, causal, scale)  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, D)
         return AttentionOutput(self.out_proj(out), weights, cache)
+
+    def _packed_self_attention(self, query: Tensor, packing: Packing, attention_mask: Tensor | None,
+                               attn_mask: Tensor | None, need_weights: bool) -> AttentionOutput:
+        """``forward`` on packed rows: project the N real tokens, attend in the (B, T) layout, gather, project."""
+        if query.dim() != 2 or query.shape != (packing.tokens, self.d_model):
+            raise LmforgeError(f"a packed query must be (real tokens={packing.tokens}, d_model={self.d_model}); got "
+                               f"{tuple(query.shape)}")
+        q, k, v = (self._split_heads(packing.unpack(proj(query)))  # (B, H, T, Dh) each, zeros at padding
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        if self.rotary is not None:
+            q, k = self.rotary(q, 0), self.rotary(k, 0)
+        mask = combine_masks(padding_to_key_mask(packing.key_mask if attention_mask is None else attention_mask),
+                             attn_mask)  # (B, 1|H, 1|T, T)
+        dropout_p = self.dropout if self.training else 0.0
+        scale = self.d_head**-0.5
+        weights = None
+        if need_weights:
+            weights = attention_weights(q, k, mask, False, scale)  # (B, H, T, T)
+            out = (F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights) @ v
+        else:
+            out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, False, scale)  # (B, H, T, Dh)
+        out = packing.pack(out.transpose(1, 2))  # (N, H, Dh): the real queries only
+        return AttentionOutput(self.out_proj(out.reshape(packing.tokens, self.d_model)), weights, None)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_kv={self.d_kv}, dropout={self.dropout}, "

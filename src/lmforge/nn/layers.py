@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import KVCache, MultiHeadAttention
 from lmforge.nn.feedforward import FeedForward
+from lmforge.nn.packing import Packing
 
 __all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput", "StackCache"]
 
@@ -180,21 +181,24 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False
+        self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False,
+        packing: Packing | None = None,
     ) -> LayerOutput:
         """
         Args:
-            x: (B, T, D).
+            x: (B, T, D), or (N, D) the real tokens' rows with ``packing``.
             attention_mask: (B, T), 1 = real token, 0 = padding.
             need_weights: also return the self-attention weights.
+            packing: run on the packed real tokens (``lmforge.nn.packing``): norms, dropout and the feed-forward
+                are token-wise, self-attention unpacks for the attention itself.
 
         Returns:
-            LayerOutput(hidden (B, T, D), self_attn_weights (B, H, T, T) or None).
+            LayerOutput(hidden (B, T, D) or (N, D), self_attn_weights (B, H, T, T) or None).
         """
         post = not self.norm_first
 
         h = x if post else self.self_attn_norm(x)
-        a = self.self_attn(h, attention_mask=attention_mask, need_weights=need_weights)
+        a = self.self_attn(h, attention_mask=attention_mask, need_weights=need_weights, packing=packing)
         x = x + self.dropout(a.output)  # (B, T, D)
         x = self.self_attn_norm(x) if post else x
 
