@@ -639,7 +639,8 @@ MAY_SUCCEED_VARIANTS = {"csv-nul-bytes", "csv-non-utf8", "csv-duplicate-header",
                         "analogies-non-utf8", "prompts-unknown-words-only", "vocab-non-utf8", "vocab-duplicates",
                         "tokenizer-config-bad-values", "conll-one-tag", "hf-config-non-utf8",
                         "manifest-shard-counts-lie", "manifest-huge-vocab-size", "manifest-bad-dtype",
-                        "metrics-malformed-lines"}
+                        "metrics-malformed-lines",
+                        "csv-unknown-labels"}  # a dev/test label the model cannot produce: a miss, with a warning
 # per input kind: "lines" are one input per line, and an empty line is an input like any other
 MAY_SUCCEED_BY_KIND = {"lines": {"text-whitespace-only", "text-nul-bytes-only"}}
 # an empty file is a valid value: a recipe with no settings, zero input lines
@@ -655,7 +656,8 @@ LIST_VALUES = {"--sizes": ("-1", "", "x"), "--seeds": ("", "x", "-1")}  # compar
 HUGE = (str(2**31), str(10**20))
 # (option or (command, option)) -> values that are legitimate: the case may exit 0
 ZERO_OK = {"--seed", "--min-frequency", "--min-count", "--weight-decay", "--warmup-ratio", "--sample", "--min-lr",
-           "--save-every", "--eval-every", "--no-repeat-ngram-size", "--port", "--max-wait-ms", "--graceful-timeout",
+           "--save-every", "--save-minutes", "--eval-every", "--no-repeat-ngram-size", "--port", "--max-wait-ms",
+           "--graceful-timeout",
            "--top-k", ("glove train", "--alpha")}
 HUGE_OK = {"--seed", "--min-frequency", "--limit-alphabet", "--max-input-chars-per-word", "--shard-tokens",
            "--save-every", "--eval-every", "--max-entries", "--top-k", "--no-repeat-ngram-size", "--share-negatives",
