@@ -1,13 +1,15 @@
 """BERT encoder forward latency: lmforge's ``Encoder`` against ``transformers.BertModel``, same weights.
 
-For each shape (bert-mini: 4 layers, 256 wide, 4 heads; bert-base: 12 layers, 768 wide, 12 heads; vocabulary
-30,522) a randomly initialised ``BertModel`` (attn_implementation="sdpa") is converted to our ``Encoder`` (sdpa
-kernel) with ``lmforge.interop.hf_bert``, so both compute the same function; outputs are checked to match. Each
-case times eval-mode, no-grad, fp32 forward passes at length 128: batch 1, batch 32, and batch 32 with padding
-(lengths drawn from 32..128 and from 16..128, so the attention mask matters and lmforge unpads). The two models alternate (the order flips every
+For each shape (bert-mini: 4 layers, 256 wide, 4 heads; MiniLM: 6, 384, 12; bert-base: 12 layers, 768 wide, 12
+heads; vocabulary 30,522) a randomly initialised ``BertModel`` (attn_implementation="sdpa") is converted to our
+``Encoder`` (sdpa kernel) with ``lmforge.interop.hf_bert``, so both compute the same function; outputs are checked to
+match on the real tokens. Each case times eval-mode, no-grad, fp32 forward passes at length 128: batch 1, batch 32,
+and batch 32 with padding (lengths drawn from 32..128 and from 16..128, so the attention mask matters and lmforge
+unpads; the padded cases also time lmforge with ``unpad = False``). The models alternate (the order flips every
 repeat) and the median of the repeats is reported.
 
-Run: ``.venv/bin/python benchmarks/bench_encoder.py [--quick] [--repeats 7] [--threads 2]``. Prints Markdown.
+Run: ``.venv/bin/python benchmarks/bench_encoder.py [--quick] [--shapes minilm] [--repeats 7] [--threads 2]``.
+Prints Markdown.
 """
 
 from __future__ import annotations
