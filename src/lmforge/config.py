@@ -638,6 +638,9 @@ class TrainConfig:
     keep_last: int = 2
     seed: int = 0
     tensorboard: bool = False
+    # fine-tuning and seq2seq batches: each epoch's random order is cut into groups of 50 micro-batches sorted by
+    # length inside, so a batch holds inputs of similar length (less padding; transformers' group_by_length)
+    group_by_length: bool = False
     device: str = "auto"
     # several processes (torchrun): ddp replicates the model, fsdp shards parameters, gradients and optimizer state
     # (FSDP2; lmforge.training.distributed); ignored in a single process

@@ -448,3 +448,10 @@ def test_help_documents_the_learning_rate_defaults(capsys):
     assert "5e-05 for a pretrained Transformer folder" in text or "5e-5 for a pretrained Transformer folder" in text
     assert "5e-4 for a preset" in text and "2e-3 for a recurrent model" in text
     assert "at least 0.03" in text
+
+
+def test_group_by_length_trains_and_is_kept_in_the_run_config(tiny_encoder_dir, tmp_path):
+    train, dev = write_task_data(tmp_path, "token", 24, 8)
+    out = tmp_path / "grouped"
+    assert _finetune(tiny_encoder_dir, "token", train, dev, out, "--train.group_by_length=true") == 0
+    assert json.loads((out / "run_config.json").read_text())["train"]["group_by_length"] is True

@@ -269,7 +269,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
 
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
-                       rank=info.rank, world_size=info.world_size)
+                       rank=info.rank, world_size=info.world_size, group_by_length=run.train.group_by_length)
     per_epoch = data.steps_per_epoch(run.train.batch_size)
     changes: dict[str, Any] = {}
     if run.train.max_steps is None:

@@ -294,7 +294,7 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
     model, config = build_model(run, tokenizer.vocab_size, tokenizer.pad_id)
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: collate_pairs(fs, tokenizer.pad_id), seed=run.train.seed,
-                       rank=info.rank, world_size=info.world_size)
+                       rank=info.rank, world_size=info.world_size, group_by_length=run.train.group_by_length)
     per_epoch = data.steps_per_epoch(run.train.batch_size)
     changes: dict[str, Any] = {}
     if run.train.max_steps is None:
