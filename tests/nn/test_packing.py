@@ -94,3 +94,22 @@ def test_training_with_dropout_is_seeded_and_finite():
     b = copy.deepcopy(enc)(ids, mask, types).last_hidden_state
     assert torch.isfinite(a).all()
     torch.testing.assert_close(a, b, rtol=0, atol=0)  # the same draws under the same seed: resumable
+
+
+def test_encoder_decoder_unpads_its_source():
+    from lmforge.models.seq2seq import EncoderDecoder, SourceEncoder
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="seq2seq", vocab_size=V, d_model=16, n_heads=4, d_ff=32, n_layers=2, max_seq_len=16,
+                      dropout=0.0, attention_dropout=0.0)
+    model = EncoderDecoder(cfg).eval()
+    ids, mask, _ = padded_batch()
+    tgt = torch.randint(5, V, (B, 5))
+    packed = model(ids, tgt, src_mask=mask).logits
+    memory = model.encode(ids, mask)
+    assert (memory[~mask.bool()] == 0).all()
+    source = SourceEncoder.wrap(model)
+    torch.testing.assert_close(source(ids, mask).last_hidden_state, memory, rtol=0, atol=0)  # the same path
+    model.unpad = False
+    torch.testing.assert_close(model.encode(ids, mask)[mask.bool()], memory[mask.bool()], **TOL)
+    torch.testing.assert_close(model(ids, tgt, src_mask=mask).logits, packed, **TOL)  # padded memory is never read

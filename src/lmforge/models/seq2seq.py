@@ -44,6 +44,7 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
+from lmforge.nn.packing import Packing
 
 __all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput", "SourceEncoder", "SourceEncoderOutput"]
 
@@ -155,6 +156,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(D, config.n_heads, config.d_ff, cross_attention=True, **common) for _ in range(n_dec))
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.unpad = True  # the encoder's layers run on the real source tokens of a padded batch (lmforge.nn.packing)
         self.decoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, V, bias=False)
         self.reset_parameters()
@@ -204,15 +206,20 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
             src_mask: (B, S) 1 = real token, 0 = padding (left or right); None = no padding.
 
         Returns:
-            memory (B, S, D). Rows at padded positions hold values that nothing attends to.
+            memory (B, S, D). Rows at padded positions are zeros (the layers ran on the real tokens only,
+            ``lmforge.nn.packing``; ``unpad = False``: values that nothing attends to).
         """
         B, S = check_input_ids(src_ids, vocab_size=self.config.vocab_size, name="src_ids")
         self._check_length(S, 0, "source")
         src_mask, positions = self._mask_and_positions(src_mask, B, S, 0, "src_mask")
         x = self._embed(self.src_embed, self.src_position, src_ids, 0, positions)  # (B, S, D)
+        packing = Packing.decide(src_mask, enabled=getattr(self, "unpad", True))
+        if packing is not None:
+            x = packing.pack(x)  # (N, D)
         for layer in self.encoder_layers:
-            x = layer(x, attention_mask=src_mask).hidden  # (B, S, D)
-        return x if self.encoder_norm is None else self.encoder_norm(x)
+            x = layer(x, attention_mask=src_mask, packing=packing).hidden  # (B, S, D) or (N, D)
+        x = x if self.encoder_norm is None else self.encoder_norm(x)
+        return x if packing is None else packing.unpack(x)
 
     # ---------------------------------------------------------------------------------------------------- decoder
     def decode(
@@ -399,6 +406,7 @@ class SourceEncoder(PretrainedMixin, nn.Module):
                          rotary=self.rotary)
             for _ in range(config.n_layers))
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
+        self.unpad = True  # the encoder's layers run on the real source tokens of a padded batch (lmforge.nn.packing)
         self.reset_parameters()
 
     # the encoder-decoder's own initialisation, embedding and mask handling, on the same attribute names
@@ -448,15 +456,21 @@ class SourceEncoder(PretrainedMixin, nn.Module):
         x = self._embed(self.embedding, self.src_position, input_ids, 0, positions)  # (B, T, D)
         hidden_states = [x] if output_hidden_states else None
         attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        # unpadded as EncoderDecoder.encode (the same numbers), unless attention weights are asked for
+        packing = Packing.decide(mask, enabled=getattr(self, "unpad", True) and output_attentions is False)
+        if packing is not None:
+            x = packing.pack(x)  # (N, D)
         for i, layer in enumerate(self.encoder_layers):
-            out = layer(x, attention_mask=mask, need_weights=i in wanted)
-            x = out.hidden  # (B, T, D)
+            out = layer(x, attention_mask=mask, need_weights=i in wanted, packing=packing)
+            x = out.hidden  # (B, T, D) or (N, D)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(x if packing is None else packing.unpack(x))
             if attentions is not None:
                 attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
+        if packing is not None:
+            x = packing.unpack(x)  # (B, T, D), zeros at padding
         if hidden_states is not None:
             hidden_states[-1] = x
         if mask is None:
