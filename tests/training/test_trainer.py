@@ -248,3 +248,20 @@ def test_bert_task_model_trains_and_its_folder_loads(tmp_path):
     assert loaded.head == {"type": "pretraining"}
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.model.state_dict()[name], tensor), name
+
+
+class EndlessToyData(ToyData):
+    """Pretraining-style data: one endless iterator that keeps its own epoch (the Trainer never sees it end)."""
+
+    def batches(self, micro_batch_size: int):
+        while True:
+            yield from super().batches(micro_batch_size)
+
+
+def test_logged_epoch_follows_endless_data(tmp_path):
+    data = EndlessToyData(n=8)
+    Trainer(tiny_lm(), LMObjective(), data, train_config(max_steps=6, batch_size=4, log_every=1), tmp_path,
+            progress=False).fit()
+    epochs = [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r and "step" in r]
+    assert epochs[0] == 0 and epochs[-1] >= 2  # 8 examples, 4 per step: a new epoch every 2 steps
+    assert epochs == sorted(epochs)

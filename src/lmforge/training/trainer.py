@@ -643,7 +643,10 @@ class Trainer:
 
     def _flush_window(self, lr: float) -> dict[str, Any]:
         w, n = self._window, max(self._window["steps"], 1)
-        record: dict[str, Any] = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / n}
+        # the data's own epoch where it keeps one (pretraining data is endless: the Trainer never sees it end)
+        epoch = getattr(self.train_data, "epoch", self.epoch)
+        record: dict[str, Any] = {"step": self.step, "epoch": epoch if isinstance(epoch, int) else self.epoch,
+                                  "loss": w["loss"] / n}
         record.update({f"loss_{t}": v / n for t, v in sorted(w["terms"].items())})
         record.update({name: s / c if c else 0.0 for name, (s, c) in sorted(w["metrics"].items())})
         record.update(_perplexities(record))
