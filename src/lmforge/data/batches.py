@@ -19,8 +19,12 @@ GROUP_BATCHES = 50  # group_by_length: micro-batches per sorted group (transform
 
 
 def feature_length(feature: Feature) -> int:
-    """Tokens of a feature: its longest window (sequence, pair and multiple-choice features), its ``input_ids``
-    (tagging, QA) or, for an encoder-decoder pair, ``src_ids`` plus ``tgt_ids``."""
+    """Tokens of a feature, the sort key of length grouping (training) and of inference batches
+    (``lmforge.tasks.base.run_model``): its ``length`` entry (the cost a task computed: windows x the longest one),
+    else its longest window, its ``input_ids`` (tagging, QA) or, for an encoder-decoder pair, ``src_ids`` plus
+    ``tgt_ids``."""
+    if "length" in feature:
+        return int(feature["length"])
     if feature.get("windows"):
         return max(len(w) for w in feature["windows"])
     if "input_ids" in feature:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.config import TaskConfig, from_dict, to_dict
-from lmforge.data.batches import FeatureData  # noqa: F401  (re-exported: lmforge.tasks.FeatureData)
+from lmforge.data.batches import FeatureData, feature_length  # noqa: F401  (FeatureData re-exported: lmforge.tasks)
 from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput
 
@@ -301,11 +301,6 @@ def cut_sentences(examples: Sequence[Any], features: Sequence[Feature], tokenize
             length = sum(len(tokenizer.encode_ids(w) or [0]) for w in example.tokens) + 2
             cut.append((getattr(example, "line", None), length))
     return cut
-
-
-def feature_length(feature: Feature) -> int:
-    """Tokens of a feature: its ``length`` entry, else the length of its ``input_ids``."""
-    return int(feature["length"]) if "length" in feature else len(feature["input_ids"])
 
 
 def progress_bar(total: int, desc: str | None):
