@@ -329,3 +329,42 @@ def test_bad_arguments_raise_lmforge_error():
         mha(x, torch.randn(B, 4, D), causal=True)
     with pytest.raises(LmforgeError, match=r"max_len=8"):
         MultiHeadAttention(D, H, rotary=RotaryEmbedding(4, 8))(torch.randn(1, 9, D))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_qkv_projection_without_autograd_equals_three_products_and_follows_weight_changes(bias):
+    """Without autograd the q/k/v products run as one GEMM over a kept concatenated weight (issue 22, item 3): the
+    outputs equal the three separate products, the state dict keeps its three projections, and a weight changed in
+    place (an optimizer step, load_state_dict) or replaced is picked up at the next call."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 4, bias=bias).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        fused = attn(x).output
+        attn.fuse_projections = False
+        separate = attn(x).output
+        attn.fuse_projections = True
+    torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)
+    assert "_fused_qkv" in attn.__dict__  # the no-grad call built it
+    assert not any("fused" in key for key in attn.state_dict())
+    assert sorted({key.split(".")[0] for key in attn.state_dict()}) == ["k_proj", "out_proj", "q_proj", "v_proj"]
+
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2.0)  # in place, as an optimizer step: the version counter moves
+        after_step = attn(x).output
+    attn.fuse_projections = False
+    with torch.no_grad():
+        torch.testing.assert_close(after_step, attn(x).output, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(after_step, fused)
+    attn.fuse_projections = True
+    attn.v_proj.weight = torch.nn.Parameter(torch.randn(16, 16))  # replaced outright
+    with torch.no_grad():
+        replaced = attn(x).output
+        attn.fuse_projections = False
+        torch.testing.assert_close(replaced, attn(x).output, rtol=1e-6, atol=1e-6)
+
+    # with autograd recording, the three projections run and receive their gradients
+    attn.fuse_projections = True
+    attn.train()
+    attn(x).output.sum().backward()
+    assert all(p.grad is not None for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight))
