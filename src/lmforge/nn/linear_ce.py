@@ -68,9 +68,16 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
                 p[~valid] = 0.0  # ignored rows send no gradient
             p = p.to(compute)
             if grad_hidden is not None:
-                grad_hidden[start:start + chunk_rows] = (p @ weight_c).to(grad_hidden.dtype)  # (C, D)
+                rows = grad_hidden[start:start + chunk_rows]  # (C, D), contiguous rows
+                if rows.dtype == p.dtype:
+                    torch.mm(p, weight_c, out=rows)  # straight into place, no temporary
+                else:
+                    rows.copy_(p @ weight_c)
             if grad_weight is not None:
-                grad_weight += (p.t() @ h).to(grad_weight.dtype)  # (V, D)
+                if grad_weight.dtype == p.dtype:
+                    grad_weight.addmm_(p.t(), h)  # (V, D) accumulated by the GEMM itself: no (V, D) temporary
+                else:  # bf16 products into the fp32 sum
+                    grad_weight += (p.t() @ h).to(grad_weight.dtype)
     return loss, correct
 
 
