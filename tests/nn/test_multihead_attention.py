@@ -332,39 +332,43 @@ def test_bad_arguments_raise_lmforge_error():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_fused_qkv_projection_without_autograd_equals_three_products_and_follows_weight_changes(bias):
-    """Without autograd the q/k/v products run as one GEMM over a kept concatenated weight (issue 22, item 3): the
-    outputs equal the three separate products, the state dict keeps its three projections, and a weight changed in
-    place (an optimizer step, load_state_dict) or replaced is picked up at the next call."""
+def test_cached_decoding_fuses_qkv_per_cache_and_equals_three_products(bias):
+    """While decoding with a cache (no autograd) the q/k/v products run as one GEMM over weights concatenated once
+    per cache (issue 22, item 3): the outputs equal the three separate products; a new cache after a weight change
+    (an optimizer step of any kind, a load) uses the new weights; the state dict keeps its three projections;
+    without a cache, with autograd, or with a hooked projection, the three modules run as they are."""
     torch.manual_seed(0)
     attn = MultiHeadAttention(16, 4, bias=bias).eval()
     x = torch.randn(2, 5, 16)
-    with torch.no_grad():
-        fused = attn(x).output
-        attn.fuse_projections = False
-        separate = attn(x).output
+
+    def decode(fuse: bool) -> tuple[torch.Tensor, KVCache]:
+        attn.fuse_projections = fuse
+        cache = KVCache()
+        with torch.no_grad():
+            outs = [attn(x[:, :3], causal=True, cache=cache).output]
+            outs += [attn(x[:, t:t + 1], causal=True, cache=cache).output for t in (3, 4)]
         attn.fuse_projections = True
+        return torch.cat(outs, dim=1), cache
+
+    fused, cache = decode(True)
+    separate, plain_cache = decode(False)
     torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)
-    assert "_fused_qkv" in attn.__dict__  # the no-grad call built it
-    assert not any("fused" in key for key in attn.state_dict())
+    assert cache.projection is not None and cache.projection[0].shape == (48, 16)
+    assert plain_cache.projection is None
     assert sorted({key.split(".")[0] for key in attn.state_dict()}) == ["k_proj", "out_proj", "q_proj", "v_proj"]
 
-    with torch.no_grad():
-        attn.k_proj.weight.mul_(2.0)  # in place, as an optimizer step: the version counter moves
-        after_step = attn(x).output
-    attn.fuse_projections = False
-    with torch.no_grad():
-        torch.testing.assert_close(after_step, attn(x).output, rtol=1e-6, atol=1e-6)
-    assert not torch.allclose(after_step, fused)
-    attn.fuse_projections = True
-    attn.v_proj.weight = torch.nn.Parameter(torch.randn(16, 16))  # replaced outright
-    with torch.no_grad():
-        replaced = attn(x).output
-        attn.fuse_projections = False
-        torch.testing.assert_close(replaced, attn(x).output, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # an update that moves no version counter (as fused AdamW's kernel): a new cache sees it
+        attn.k_proj.weight.data.mul_(2.0)
+    after, _ = decode(True)
+    torch.testing.assert_close(after, decode(False)[0], rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(after, fused)
 
-    # with autograd recording, the three projections run and receive their gradients
-    attn.fuse_projections = True
-    attn.train()
-    attn(x).output.sum().backward()
+    calls = []
+    handle = attn.v_proj.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    decode(True)
+    handle.remove()
+    assert len(calls) == 3  # a hooked projection runs itself, at every step
+
+    attn.train()  # autograd: no cache fusion, gradients reach the three projections
+    attn(x, causal=True, cache=KVCache()).output.sum().backward()
     assert all(p.grad is not None for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight))

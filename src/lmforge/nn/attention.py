@@ -654,6 +654,7 @@ class KVCache:
 
     Attributes:
         key, value: (B, H, S, Dh) views of the filled positions, or None while empty.
+        projection: a self-attention module's q/k/v weights concatenated for this generation, or None.
     """
 
     def __init__(self) -> None:
@@ -661,6 +662,9 @@ class KVCache:
         self._value: Tensor | None = None
         self._spare: tuple[Tensor, Tensor] | None = None  # reorder's target, same shape
         self._length = 0
+        # the attention module's q/k/v weights side by side (weight (3D, D), bias (3D,) or None), for this
+        # generation only (MultiHeadAttention._project_qkv)
+        self.projection: tuple[Tensor, Tensor | None] | None = None
 
     @property
     def key(self) -> Tensor | None:
@@ -735,6 +739,13 @@ class KVCache:
         return f"KVCache(length={self.length}, capacity={self.capacity})"
 
 
+def _plain_linears(modules: tuple[nn.Module, ...]) -> bool:
+    """Every module is an ``nn.Linear`` itself (not a subclass or wrapper) with no hooks or parametrization, so its
+    output is exactly ``F.linear(x, weight, bias)`` and its weights may be concatenated with others'."""
+    return all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks
+               and "parametrizations" not in m._modules for m in modules)
+
+
 def _with_room(shape: torch.Size, positions: int) -> tuple[int, ...]:
     """The buffer shape (B, H, positions, Dh) for keys or values of ``shape`` (B, H, T, Dh)."""
     return (shape[0], shape[1], positions, shape[3])
@@ -790,31 +801,28 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(self.d_kv, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
-        self.fuse_projections = True  # one q/k/v product without autograd (see _project_qkv)
+        self.fuse_projections = True  # one q/k/v product when decoding with a cache (see _project_qkv)
 
-    def _project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _project_qkv(self, x: Tensor, cache: KVCache | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """The self-attention projections x W_Q, x W_K, x W_V, each (..., D).
 
-        Without autograd (inference, decoding) one product with the three weights side by side: one GEMM instead of
-        three, and two fewer calls per layer and decoding step. The fused weight is a copy kept on the module and
-        rebuilt when a projection's weight or bias changes (its storage or version counter); the parameters and
-        their state-dict keys stay the three separate projections. While autograd records, the three products
-        run as before (concatenating the weights every step gains little there and costs the gradient split).
+        Incremental decoding (a ``cache``, no autograd) runs one product with the three weights side by side: one
+        GEMM instead of three, two fewer calls per layer and step. The concatenated weight is built at the cache's
+        first call and lives in the cache, so it is dropped with it at the end of one generation: the weights cannot
+        change meanwhile, and no copy outlives them (an optimizer step, fused or not, never meets a stale one).
+        Projections that are not plain ``nn.Linear`` modules without hooks (a wrapper, a parametrization) always run
+        as they are. The parameters and their state-dict keys stay the three separate projections.
         """
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        if not self.fuse_projections or (torch.is_grad_enabled() and self.q_proj.weight.requires_grad):
+        if cache is None or not self.fuse_projections or not _plain_linears(projections) or (
+                torch.is_grad_enabled() and any(p.weight.requires_grad for p in projections)):
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        tensors = tuple(t for proj in projections for t in (proj.weight, proj.bias) if t is not None)
-        versions = tuple(t._version for t in tensors)
-        fused = self.__dict__.get("_fused_qkv")  # (the tensors it was built from, their versions, weight, bias)
-        if (fused is None or len(fused[0]) != len(tensors) or fused[1] != versions
-                or any(a is not b for a, b in zip(fused[0], tensors, strict=True))):
+        if cache.projection is None:
             with torch.no_grad():
                 weight = torch.cat([proj.weight for proj in projections])  # (3D, D)
                 bias = None if self.q_proj.bias is None else torch.cat([proj.bias for proj in projections])
-            fused = (tensors, versions, weight, bias)
-            self.__dict__["_fused_qkv"] = fused  # a plain attribute: not a parameter, buffer or state-dict entry
-        return F.linear(x, fused[2], fused[3]).split(self.d_model, dim=-1)
+            cache.projection = (weight, bias)
+        return F.linear(x, *cache.projection).split(self.d_model, dim=-1)
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -858,7 +866,7 @@ class MultiHeadAttention(nn.Module):
             raise LmforgeError(f"query must be (batch, length, d_model={self.d_model}); got {tuple(query.shape)}")
         B, T, _ = query.shape
         if key_value is None:  # self-attention: new keys/values come from the query sequence
-            q, k, v = (self._split_heads(x) for x in self._project_qkv(query))  # (B, H, T, Dh) each
+            q, k, v = (self._split_heads(x) for x in self._project_qkv(query, cache))  # (B, H, T, Dh) each
             if self.rotary is not None:
                 offset = 0 if cache is None else cache.length
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
