@@ -625,6 +625,9 @@ class TrainConfig:
     # fp32; bf16 (autocast); auto: bf16 only where the device runs it natively and measurably faster for this model
     # (lmforge.training.precision), decided once per run and kept on resume
     precision: str = "fp32"
+    # torch.compile the model the objective calls (lmforge.utils.compiling); checkpoints come from the plain module,
+    # and a run may resume with compile switched on or off
+    compile: bool = False
     eval_every: int | None = None  # None: derived by the recipe (fine-tuning: every epoch; else 0 = off)
     eval_batches: int = 20
     log_every: int = 10

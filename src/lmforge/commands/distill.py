@@ -11,12 +11,13 @@ from lmforge.commands.pretrain import RESUME_HELP, SAVE_EVERY_HELP
 from lmforge.errors import LmforgeError
 from lmforge.recipes.distill import FROM_TEACHER, DistillRun, build_trainer
 from lmforge.recipes.resolve import resolve
+from lmforge.utils.compiling import COMPILE_HELP
 
 FLAGS = {"teacher": "teacher", "student": "student", "data": "data.path", "out": "out",
          "temperature": "temperature", "alpha_ce": "alpha_ce", "alpha_mlm": "alpha_mlm", "alpha_cos": "alpha_cos",
          "alpha_att": "alpha_att", "alpha_val": "alpha_val", "max_steps": "train.max_steps",
          "batch_size": "train.batch_size", "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len",
-         "lr": "train.lr", "precision": "train.precision", "save_every": "train.save_every",
+         "lr": "train.lr", "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
          "eval_every": "train.eval_every", "seed": "train.seed", "masking": "data.masking"}
 
 
@@ -70,6 +71,7 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="fp32 (default); bf16 autocast; auto: bf16 only where this device runs it natively and a "
                         "measurement at the model's width shows it faster, else fp32 (decided once, kept on resume)")
+    p.add_argument("--compile", action="store_true", default=None, help=COMPILE_HELP)
     p.add_argument("--save-every", type=Count(0), metavar="N", help=SAVE_EVERY_HELP)
     p.add_argument("--eval-every", type=Count(0), help="evaluate every N steps (0: only at the end)")
     p.add_argument("--seed", type=SEED)

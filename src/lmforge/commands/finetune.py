@@ -35,6 +35,7 @@ from lmforge.recipes.finetune import (
     load_task_model,
 )
 from lmforge.recipes.resolve import model_overrides, resolve, split_model_table
+from lmforge.utils.compiling import COMPILE_HELP, INFERENCE_COMPILE_HELP, compile_errors, compile_in_place
 
 log = logging.getLogger("lmforge")
 
@@ -45,7 +46,7 @@ FLAGS = {"task": "task.task", "model": "model", "tokenizer": "tokenizer", "train
          "seed": "train.seed", "freeze": "task.freeze", "text_column": "task.text_column",
          "text_pair_column": "task.text_pair_column", "label_column": "task.label_column",
          "long_text": "task.long_text", "head_lr": "task.head_lr", "layer_decay": "task.layer_decay",
-         "scheme": "task.scheme", "max_steps": "train.max_steps"}
+         "scheme": "task.scheme", "max_steps": "train.max_steps", "compile": "train.compile"}
 
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +70,7 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=Rate(0.0), help="AdamW's decoupled weight decay (default 0.01)")
     p.add_argument("--seed", type=SEED)
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="default: epochs x batches per epoch")
+    p.add_argument("--compile", action="store_true", default=None, help=COMPILE_HELP)
     p.add_argument("--crf", action="store_true", default=None, help="token task: a linear-chain CRF on the tags")
     p.add_argument("--freeze", metavar="MODE", help="none | all | embeddings | all-but-last:K")
     p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate (default: --lr; for a CRF "
@@ -138,11 +140,19 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="labelled data in the task's format; a gold label the model cannot produce (never in its "
                         "training data) is scored as a miss, with a warning")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
+    p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
     p.add_argument("--out", dest="output", metavar="FILE.json",
                    help="also write the metrics here, and beside them, for classification, tagging and span labeling, "
                         "the per-class report (FILE.per_class.json and .md: "
                         "precision, recall, F1, support) and the confusion matrix (FILE.confusion.png)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+
+
+def _compile_members(ensemble: Ensemble, args: argparse.Namespace) -> None:
+    """``--compile``: every member model of an ensemble compiled in place."""
+    if args.compile:
+        for model, *_ in ensemble.members:
+            compile_in_place(model)
 
 
 def _progress(label: str) -> str | None:
@@ -173,15 +183,21 @@ def run_evaluate(args: argparse.Namespace) -> int:
     show = _progress("evaluate")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
+        _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.data, labelled=True)
         task.warn_unknown_labels(examples, args.data)
-        predictions = ensemble.predict(examples, args.data, batch_size=args.batch_size, progress=show)
+        with compile_errors(args.compile):
+            predictions = ensemble.predict(examples, args.data, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
+        if args.compile:
+            compile_in_place(model)
         examples = task.read(args.data, labelled=True)
         features = featurize(task, examples, tokenizer, args.data, training=False)
         task.warn_unknown_labels(examples, args.data)
-        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size, progress=show)
+        with compile_errors(args.compile):
+            predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size,
+                                       progress=show)
     metrics = task.metrics(examples, predictions)
     text = json.dumps(metrics, indent=2)
     print(text)
@@ -224,6 +240,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
                    "any present are ignored, even ones the model never saw)")
     p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
+    p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 
@@ -236,13 +253,19 @@ def run_predict(args: argparse.Namespace) -> int:
     show = _progress("predict")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
+        _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.input, labelled=False)
-        predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size, progress=show)
+        with compile_errors(args.compile):
+            predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
+        if args.compile:
+            compile_in_place(model)
         examples = task.read(args.input, labelled=False)
         features = featurize(task, examples, tokenizer, args.input, training=False)
-        predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size, progress=show)
+        with compile_errors(args.compile):
+            predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size,
+                                       progress=show)
     with atomic_open(output, "w") as f:
         for example, prediction in zip(examples, predictions, strict=True):
             f.write(json.dumps(task.record(example, prediction), ensure_ascii=False) + "\n")

@@ -15,6 +15,7 @@ from lmforge.choices import TEXT_POOLINGS, WORD_POOLINGS
 from lmforge.commands.options import Count
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.utils.compiling import INFERENCE_COMPILE_HELP, compile_errors, compile_in_place
 from lmforge.utils.io import (
     atomic_write_bytes,
     atomic_write_text,
@@ -45,6 +46,7 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="lines per forward pass")
     p.add_argument("--max-length", type=Count(1, 1_000_000), default=None,
                    help="truncate longer inputs (default: the model's)")
+    p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
     p.add_argument("--overwrite", action="store_true")
 
 
@@ -75,13 +77,16 @@ def run_embed(args: argparse.Namespace) -> int:
     family = architecture(loaded.config.arch)
     if not family.encodes_text and family.finetune_as:  # an encoder-decoder: its encoder alone embeds
         loaded.model = architecture(family.finetune_as).load().wrap(loaded.model)
+    if args.compile:
+        compile_in_place(loaded.model)
     buffer = io.BytesIO()
     if args.word_pooling:
         from lmforge.embeddings.contextual import embed_words
 
-        items = embed_words(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
-                            word_pooling=args.word_pooling, batch_size=args.batch_size, max_length=args.max_length,
-                            show_progress=True)
+        with compile_errors(args.compile):
+            items = embed_words(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
+                                word_pooling=args.word_pooling, batch_size=args.batch_size,
+                                max_length=args.max_length, show_progress=True)
         arrays = {}
         for i, item in enumerate(items):
             arrays[f"arr_{i}"] = item.vectors
@@ -92,9 +97,10 @@ def run_embed(args: argparse.Namespace) -> int:
         width = items[0].vectors.shape[1] if items else 0
         print(f"embedded {len(lines)} lines -> {out} {len(items)} arrays (words, {width}) with words_I, spans_I")
         return 0
-    vectors = embed_texts(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
-                          pooling=pooling, batch_size=args.batch_size, max_length=args.max_length,
-                          show_progress=True)
+    with compile_errors(args.compile):
+        vectors = embed_texts(loaded.model, loaded.tokenizer, lines, layers=layers, combine=args.combine,
+                              pooling=pooling, batch_size=args.batch_size, max_length=args.max_length,
+                              show_progress=True)
     if pooling == "none":
         np.savez(buffer, **{f"arr_{i}": v for i, v in enumerate(vectors)})
         shape = f"{len(vectors)} arrays (tokens, {vectors[0].shape[1] if vectors else 0})"

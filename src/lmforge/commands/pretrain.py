@@ -18,6 +18,7 @@ from lmforge.errors import LmforgeError
 from lmforge.objectives.registry import OBJECTIVES
 from lmforge.recipes.pretrain import PretrainRun, build_trainer
 from lmforge.recipes.resolve import resolve
+from lmforge.utils.compiling import COMPILE_HELP
 
 log = logging.getLogger("lmforge")
 
@@ -37,8 +38,8 @@ RESUME_HELP = ("auto: continue from the newest complete checkpoint in --out, the
 FLAGS = {"preset": "preset", "objective": "data.objective", "data": "data.path", "tokenizer": "tokenizer",
          "out": "out", "max_steps": "train.max_steps", "batch_size": "train.batch_size",
          "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len", "lr": "train.lr",
-         "precision": "train.precision", "save_every": "train.save_every", "save_minutes": "train.save_minutes",
-         "eval_every": "train.eval_every",
+         "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
+         "save_minutes": "train.save_minutes", "eval_every": "train.eval_every",
          "seed": "train.seed", "masking": "data.masking", "init_from": "init_from", "layer_decay": "layer_decay"}
 
 
@@ -73,6 +74,7 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=PRECISIONS,
                    help="fp32 (default); bf16 autocast; auto: bf16 only where this device runs it natively and a "
                         "measurement at the model's width shows it faster, else fp32 (decided once, kept on resume)")
+    p.add_argument("--compile", action="store_true", default=None, help=COMPILE_HELP)
     p.add_argument("--save-every", type=Count(0), metavar="N", help=SAVE_EVERY_HELP)
     p.add_argument("--save-minutes", type=Rate(0.0), metavar="M", help=SAVE_MINUTES_HELP)
     p.add_argument("--eval-every", type=Count(0), help="evaluate on the held-out share of the corpus every N steps "

@@ -17,13 +17,15 @@ from lmforge.recipes.seq2seq import (
     describe_model,
     evaluate_test,
 )
+from lmforge.utils.compiling import COMPILE_HELP
 
 log = logging.getLogger("lmforge")
 
 
 FLAGS = {"preset": "preset", "tokenizer": "tokenizer", "vocab_size": "vocab_size", "out": "out", "epochs": "epochs",
          "train_data": "data.train", "dev_data": "data.dev", "test_data": "data.test", "lr": "train.lr",
-         "batch_size": "train.batch_size", "seed": "train.seed", "max_steps": "train.max_steps"}
+         "batch_size": "train.batch_size", "seed": "train.seed", "max_steps": "train.max_steps",
+         "compile": "train.compile"}
 FLAGS["init"] = "init"  # start from a model folder's weights (BART: lmforge pretrain --objective denoise)
 
 
@@ -53,6 +55,7 @@ def add_seq2seq_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=LEARNING_RATE)
     p.add_argument("--batch-size", type=Count(1, 65_536), help="pairs per optimizer step (default 32)")
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="default: epochs x batches per epoch")
+    p.add_argument("--compile", action="store_true", default=None, help=COMPILE_HELP)
     p.add_argument("--seed", type=SEED)
     p.add_argument("--resume", default="never", metavar="auto|never|PATH")
     p.add_argument("--overwrite", action="store_true")

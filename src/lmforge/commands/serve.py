@@ -46,6 +46,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="PyTorch intra-op threads (default: PyTorch's, one per core; 1 is faster on a busy machine)")
     p.add_argument("--graceful-timeout", type=Rate(0.0, 86_400.0), default=30.0, metavar="SECONDS",
                    help="time to finish the requests in flight after SIGTERM / Ctrl-C (default 30)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the encoder with torch.compile (inductor) at start-up, with a warm-up pass: slower "
+                        "to start, faster per batch; /generate runs uncompiled; needs a C++ compiler on a CPU "
+                        "(default: off)")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 
 
@@ -74,7 +78,7 @@ def run_serve(args: argparse.Namespace) -> int:
             torch.set_num_threads(args.threads)
         app = create_app(args.model, max_batch=args.max_batch, max_length=args.max_length,
                          batching=args.batching, max_wait_ms=args.max_wait_ms, max_texts=args.max_texts,
-                         max_chars=args.max_chars, max_new_tokens=args.max_new_tokens)
+                         max_chars=args.max_chars, max_new_tokens=args.max_new_tokens, compile=args.compile)
         if stop.received:  # stopped while the model was loading
             return 0
         quiet = not log.isEnabledFor(logging.INFO)

@@ -71,9 +71,13 @@ class ServedModel:
         limits: the request limits.
         max_batch: inputs per forward pass.
         device: where the model runs.
+        compile: compile the encoder's forward (task, /fill-mask and /embed endpoints) with torch.compile, in place,
+            and compile it now with a warm-up pass (a backend that cannot work fails here, before serving);
+            /generate's decoding loop runs uncompiled.
     """
 
-    def __init__(self, model_dir: str | Path, limits: Limits, *, max_batch: int = 32, device: str = "cpu") -> None:
+    def __init__(self, model_dir: str | Path, limits: Limits, *, max_batch: int = 32, device: str = "cpu",
+                 compile: bool = False) -> None:
         from lmforge.models.pretrained import CONFIG_NAME, read_config
 
         self.dir = Path(model_dir)
@@ -94,6 +98,21 @@ class ServedModel:
                                  f"its tokenizer ({CONFIG_NAME} alone is not enough to serve it)")
         self.n_hidden_states = self._count_hidden_states() if self.backbone is not None else 0
         self._sample_requests = itertools.count()  # makes every sampling request its own batch key
+        self.compiled = compile and self._compile()
+
+    def _compile(self) -> bool:
+        """``--compile``: the encoder (and the task model around it) compiled in place, then warmed up."""
+        from lmforge.utils.compiling import compile_errors, compile_in_place
+
+        if self.backbone is None:
+            log.warning("--compile: %s serves /generate only, whose decoding loop runs uncompiled", self.dir.name)
+            return False
+        for module in {id(m): m for m in (self.model, self.backbone)}.values():
+            compile_in_place(module)
+        with compile_errors():
+            self._count_hidden_states()  # compiles the encoder's forward now, not at the first request
+        log.info("--compile: the encoder is compiled (the first batches of each new shape compile again)")
+        return True
 
     # ------------------------------------------------------------------------------------------ loading
     def _load_finetuned(self, spec: dict[str, Any]) -> None:
@@ -365,7 +384,7 @@ def _hf_has_mlm(directory: Path) -> bool:
 # ---------------------------------------------------------------------------------------------- the app
 def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 512, batching: bool = True,
                max_wait_ms: float = 3.0, max_texts: int = 64, max_chars: int = 20_000, max_new_tokens: int = 256,
-               device: str = "cpu"):
+               device: str = "cpu", compile: bool = False):
     """A FastAPI app serving the model folder ``model_dir`` (loaded now: a bad folder raises here).
 
     Args:
@@ -376,6 +395,7 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
         max_texts: texts (prompts) per request.
         max_chars: characters per text.
         max_new_tokens: the largest ``max_new_tokens`` a /generate request may ask for.
+        compile: torch.compile the encoder (``ServedModel``'s ``compile``).
 
     Returns:
         a ``fastapi.FastAPI``; ``app.state.model`` is the ``ServedModel``, ``app.state.batchers`` the batchers.
@@ -397,7 +417,7 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
                         max_new_tokens=max_new_tokens)
     except ValueError as err:
         raise LmforgeError(str(err)) from None
-    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device)
+    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-model")
     runs: dict[str, Callable[[Hashable, list[Any]], Sequence[Any]]] = {
         "/classify": served.run_task, "/tag": served.run_task, "/answer": served.run_task,

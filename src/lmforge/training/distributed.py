@@ -163,7 +163,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 @contextlib.contextmanager
 def maybe_no_sync(model: nn.Module, skip_sync: bool) -> Iterator[None]:
     """Inside, DDP does not all-reduce gradients, nor FSDP reduce-scatter them (accumulation micro-steps but the
-    last)."""
+    last). ``model`` may be a ``torch.compile`` wrapper of either."""
+    model = getattr(model, "_orig_mod", model)
     if skip_sync and isinstance(model, DistributedDataParallel):
         with model.no_sync():
             yield

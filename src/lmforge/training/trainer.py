@@ -54,6 +54,11 @@ takes more than about 1/20 of the training time (a large model on a fast GPU). U
 decision and any process's signal travel with the all-reduce that every step already makes, so all processes
 save at the same step. ``resume="auto"`` then continues from the newest checkpoint: the default recovery.
 
+**Compile** (``config.compile``, ``--compile``): in ``fit`` the module the objective calls is compiled with
+``torch.compile`` after DDP wrapped it (``lmforge.utils.compiling``), and evaluation calls a compiled plain module;
+the optimizer, checkpoints, the best and the final model read the plain module, so no saved key carries the
+wrapper's ``_orig_mod.``. ``compile`` may change on resume: dropout draws the same numbers either way.
+
 **Resume** (``resume="auto"`` | ``"never"`` | a checkpoint or run folder): restores weights, optimizer, scheduler,
 step, data position and every RNG state, so the continued run is identical to an uninterrupted one; lines that the
 interrupted run logged after its checkpoint are dropped from metrics.jsonl. Only ``RESUMABLE_CHANGES`` may differ
@@ -103,6 +108,7 @@ from lmforge.training.logging import (
 )
 from lmforge.training.optim import build_optimizer, build_scheduler
 from lmforge.training.state import BestTracker, Progress, Stateful, new_window
+from lmforge.utils.compiling import check_compile, compile_backend, compile_errors, compile_module, is_compiled
 from lmforge.utils.io import atomic_write_text
 from lmforge.utils.model_card import write_model_card
 
@@ -111,7 +117,7 @@ log = logging.getLogger("lmforge")
 # TrainConfig fields that may differ between a checkpoint and the run resuming it. Changing max_steps stretches or
 # shortens the linear/cosine schedule (and warm-up, when given as warmup_ratio) from the resumed step on.
 RESUMABLE_CHANGES = ("max_steps", "log_every", "eval_every", "eval_batches", "save_every", "save_minutes",
-                     "keep_last", "tensorboard", "device")
+                     "keep_last", "tensorboard", "device", "compile")
 PERPLEXITY_TERMS = ("lm", "clm", "mlm", "plm")
 # a metric named ``<x>_nll`` (a per-token negative log-likelihood) is also reported as ``<x>_ppl`` = exp of it
 NLL_SUFFIX, PPL_SUFFIX = "_nll", "_ppl"
@@ -277,7 +283,10 @@ class Trainer:
         self.micro_batch_size, self.accumulation = split_batch(config, self.dist.world_size)
         self.device = resolve_device(config.device, self.dist)
         self.model = dist.unwrap_model(model).to(self.device)  # the plain module: optimizer, saving, evaluation
-        self._forward_model = model.to(self.device)  # what objectives call (compiled, later DDP-wrapped)
+        self._forward_model = model.to(self.device)  # what objectives call (later DDP-wrapped, then compiled)
+        if config.compile:  # fails here, before any work, where torch.compile cannot work (lmforge.utils.compiling)
+            check_compile(self.device)
+        self._eval_model: nn.Module | None = None  # what evaluation calls: the plain module, compiled with --compile
         self.model_config = model_config or _find_model_config(self.model)
         # a TaskModel's head describes itself (lmforge.heads.build_head); an explicit head= still wins
         self.head = head if head is not None else getattr(getattr(self.model, "head", None), "head_config", None)
@@ -456,6 +465,7 @@ class Trainer:
                         log.log(level, hint)
         if not self._sharded:  # a sharded model synchronises itself
             self._forward_model = dist.wrap_model(self._forward_model, self.dist, self.device)
+        self._compile_models()
         metrics = MetricsLog(self.out_dir, enabled=main, tensorboard=cfg.tensorboard,
                              purge_step=self.step + 1 if self._state else None)
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", dynamic_ncols=True,
@@ -502,6 +512,23 @@ class Trainer:
             metrics.close()
         return {**(last_record or self._read_last_train_record()), **self.last_eval}
 
+    def _compile_models(self) -> None:
+        """``--compile``: compile what the objective calls after DDP wrapped it (``torch.compile(DDP(model))``, as
+        PyTorch documents for DDP), and give evaluation a compiled plain module; ``self.model`` stays the plain module
+        that the optimizer, checkpoints and the final model read (no ``_orig_mod.`` in any saved key)."""
+        self._eval_model = self.model
+        if not self.config.compile:
+            return
+        inner = getattr(self._forward_model, "module", self._forward_model)  # under DDP
+        if not (is_compiled(self._forward_model) or is_compiled(inner)):  # a model the caller compiled stays as is
+            self._forward_model = compile_module(self._forward_model, self.device)
+        wrapped = getattr(self._forward_model, "_orig_mod", None)
+        # one process: evaluation shares the compiled module (its eval-mode graph is one more cache entry)
+        self._eval_model = self._forward_model if wrapped is self.model else compile_module(self.model, self.device)
+        if self.dist.is_main:
+            log.info("--compile: torch.compile, %s backend; the first steps (and evaluations) include compiling",
+                     compile_backend())
+
     def _next_batch(self) -> dict[str, Tensor]:
         for _ in range(2):
             if self._batches is None:
@@ -538,7 +565,8 @@ class Trainer:
         tokens = 0
         for i, batch in enumerate(micro):
             tokens += batch_tokens(batch)
-            with dist.maybe_no_sync(self._forward_model, skip_sync=i < len(micro) - 1):
+            with dist.maybe_no_sync(self._forward_model, skip_sync=i < len(micro) - 1), \
+                    compile_errors(self.config.compile):
                 with self._autocast():
                     losses, metrics = self.objective(self._forward_model, self._to_device(batch))
                 if not self._checked_first_step:
@@ -675,11 +703,12 @@ class Trainer:
             if self._sharded:  # every process must run the same number of (collective) forward passes
                 batches = list(itertools.islice(batches, self.config.eval_batches))
                 batches = batches[:dist.all_min(len(batches), self.dist, self.device)]
-            with torch.no_grad(), self._autocast():
+            model = self._eval_model if self._eval_model is not None else self.model
+            with torch.no_grad(), self._autocast(), compile_errors(self.config.compile):
                 for i, batch in enumerate(batches):
                     if i >= self.config.eval_batches:
                         break
-                    losses, metrics = self.objective(self.model, self._to_device(batch))
+                    losses, metrics = self.objective(model, self._to_device(batch))
                     _add_pairs(sums, {f"loss/{t}": pair for t, pair in losses.items()})
                     _add_pairs(sums, metrics)
         finally:
