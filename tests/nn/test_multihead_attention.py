@@ -236,6 +236,31 @@ def test_cache_grows_by_doubling_and_matches_concatenation():
     assert cache.capacity == 64 and len(buffers) <= 4  # 5 -> 16 -> 32 -> 64: three copies, not forty
 
 
+def test_cache_reorder_is_lazy_composes_and_a_reserve_is_one_allocation():
+    """Reorders between steps are recorded and composed, and made at the next append or read (each layer gathers
+    just before it attends); a reserved cache is made once for the whole generation and never grows."""
+    g = torch.Generator().manual_seed(2)
+    cache = KVCache()
+    cache.reserve = 12
+    k = torch.randn(4, 2, 5, 3, generator=g)
+    cache.append(k, -k)
+    assert cache.capacity == 12
+    first = cache._key.data_ptr()
+    a, b = torch.tensor([1, 1, 3, 0]), torch.tensor([2, 0, 0, 3])
+    cache.reorder(a)
+    cache.reorder(b)
+    assert cache._key.data_ptr() == first  # nothing gathered yet
+    expected = k.index_select(0, a).index_select(0, b)
+    new = torch.randn(4, 2, 1, 3, generator=g)
+    all_k, all_v = cache.append(new, -new)  # the gather happens here, once, for both reorders
+    assert torch.equal(all_k, torch.cat([expected, new], 2)) and torch.equal(all_v, -all_k)
+    for _ in range(6):
+        all_k, _ = cache.append(new, new)
+    assert cache.length == 12 and cache.capacity == 12  # 5 + 7 positions: the reserve, no growth
+    cache.reorder(torch.tensor([0]))
+    assert cache.key.shape == (1, 2, 12, 3) and torch.equal(cache.key, all_k[:1])  # a read makes it too
+
+
 def test_cache_reorder_is_index_select_and_allocates_nothing_once_warm():
     g = torch.Generator().manual_seed(1)
     cache = KVCache()

@@ -179,6 +179,8 @@ class DecoderAdapter(ModelAdapter):
             state = _DecoderState(None, input_ids, attention_mask, W)
             return self._last_logits(input_ids, attention_mask if padded else None, None), state
         cache = self.model.new_cache()
+        if hasattr(cache, "reserve"):
+            cache.reserve(W + max_new_tokens)
         mask = None
         if padded:  # preallocated: every step only widens the view, no concatenation
             mask = attention_mask.new_ones((B, W + max_new_tokens))

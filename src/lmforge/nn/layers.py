@@ -58,6 +58,12 @@ class StackCache:
     def __init__(self, n_layers: int = 0) -> None:
         self.layers: list[LayerCache] = [LayerCache() for _ in range(n_layers)]
 
+    def reserve(self, positions: int) -> None:
+        """Make each layer's self-attention buffers for ``positions`` (the prompt plus every new token) at their
+        first use, instead of growing them by doubling (``KVCache.reserve``)."""
+        for layer in self.layers:
+            layer.self_attn.reserve = positions
+
     @property
     def length(self) -> int:
         """P, number of cached positions (padding included; 0 while empty)."""
