@@ -233,3 +233,23 @@ def test_training_commands_map_compile_to_the_train_config(command, base):
     helps = {a.option_strings[-1]: a.help for a in parser._subparsers._group_actions[0].choices[command]._actions
              if a.option_strings}
     assert "default: off" in helps["--compile"]
+
+
+def test_predict_and_evaluate_with_compile_give_the_same_answers(finetuned, tmp_path):
+    """`predict --compile` and `evaluate --compile` from the command line: the same predictions and metrics as
+    without (aot_eager here; the option is what is tested, not inductor's code generation)."""
+    import json
+
+    from lmforge.cli import main
+
+    run, _, dev = finetuned("sequence")
+    outputs = {}
+    for flag in ([], ["--compile"]):
+        out = tmp_path / f"predictions{len(flag)}.jsonl"
+        assert main(["-q", "predict", "--model", str(run), "--input", str(dev), "--out", str(out), *flag]) == 0
+        outputs[len(flag)] = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        metrics = tmp_path / f"metrics{len(flag)}.json"
+        assert main(["-q", "evaluate", "--model", str(run), "--test", str(dev), "--out", str(metrics), *flag]) == 0
+        outputs[f"m{len(flag)}"] = json.loads(metrics.read_text(encoding="utf-8"))
+    assert [r["label"] for r in outputs[1]] == [r["label"] for r in outputs[0]] and outputs[0]
+    assert outputs["m1"]["accuracy"] == outputs["m0"]["accuracy"]
