@@ -87,3 +87,16 @@ def test_compare_resume_takes_auto_or_never(parser):
     assert parser.parse_args(["compare", "--config", "c.toml", "--resume"]).resume == "auto"
     assert parser.parse_args(["compare", "--config", "c.toml", "--resume", "never"]).resume == "never"
     assert parser.parse_args(["compare", "--config", "c.toml"]).resume == "never"
+
+
+def test_the_command_line_help_does_not_import_torch():
+    """`lmforge --help` and a command's --help answer without importing torch (seconds on a cold start)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lmforge.cli import main\n"
+            "for argv in (['--help'], ['pretrain', '--help'], ['vectors', 'word2vec', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]

@@ -11,10 +11,8 @@ import os
 from lmforge.choices import WORD2VEC_MODES
 from lmforge.commands.options import LEARNING_RATE, POSITIVE, SEED, Count, Rate
 from lmforge.data.text import ReadStats
-from lmforge.embeddings.glove import GloVeConfig
 from lmforge.embeddings.io import FILE_FORMATS, load_word2vec
 from lmforge.embeddings.vocab import encode_corpus
-from lmforge.embeddings.word2vec import Word2VecConfig
 from lmforge.errors import LmforgeError
 from lmforge.recipes.vectors import metrics_path, train_vectors
 from lmforge.utils.io import prepare_output_file
@@ -92,6 +90,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def run_word2vec_train(args: argparse.Namespace) -> int:
+    from lmforge.embeddings.word2vec import Word2VecConfig  # imports torch: not at the command line's start
+
     _check_outputs(args)
     config = Word2VecConfig(architecture=args.architecture, mode=args.mode, dim=args.dim, window=args.window,
                             negative=args.negative, min_count=args.min_count, sample=args.sample, alpha=args.alpha,
@@ -118,6 +118,8 @@ def add_glove_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_glove_train(args: argparse.Namespace) -> int:
+    from lmforge.embeddings.glove import GloVeConfig  # imports torch: not at the command line's start
+
     _check_outputs(args)
     config = GloVeConfig(dim=args.dim, window=args.window, min_count=args.min_count, epochs=args.epochs, lr=args.lr,
                          x_max=args.x_max, alpha=args.alpha, batch_size=args.batch_size, workers=args.workers,

@@ -8,12 +8,14 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lmforge.embeddings.glove import GloVeConfig, train_glove
 from lmforge.embeddings.io import save_word2vec
-from lmforge.embeddings.word2vec import Word2VecConfig, train_word2vec
 from lmforge.utils.io import atomic_write_text
+
+if TYPE_CHECKING:  # the trainers import torch; the command line imports this module for its help
+    from lmforge.embeddings.glove import GloVeConfig
+    from lmforge.embeddings.word2vec import Word2VecConfig
 
 log = logging.getLogger("lmforge")
 
@@ -24,6 +26,8 @@ def metrics_path(out: str | Path) -> Path:
 
 
 def method_name(config: Word2VecConfig | GloVeConfig) -> str:
+    from lmforge.embeddings.word2vec import Word2VecConfig
+
     return f"word2vec-{config.architecture}" if isinstance(config, Word2VecConfig) else "glove"
 
 
@@ -41,6 +45,9 @@ def train_vectors(config: Word2VecConfig | GloVeConfig, corpus: Any, *, out: str
     Returns:
         (the training result, with ``vectors`` and ``epochs``; the vocabulary).
     """
+    from lmforge.embeddings.glove import train_glove
+    from lmforge.embeddings.word2vec import Word2VecConfig, train_word2vec
+
     vocab = corpus.build_vocabulary(config.min_count)
     log.info("vocabulary: %s words with count >= %d (%s of %s corpus words)", f"{len(vocab):,}", config.min_count,
              f"{vocab.kept_words:,}", f"{vocab.total_words:,}")
