@@ -64,8 +64,9 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
                 continue
             p = logp.exp_()  # (C, V) the softmax, in place of the log-probabilities
             p[torch.arange(p.shape[0], device=p.device), target] -= 1.0
-            if not bool(valid.all()):
-                p[~valid] = 0.0  # ignored rows send no gradient
+            ignored = (~valid).nonzero().squeeze(1)  # (k,) usually a few rows (a causal LM's last position)
+            if ignored.numel():
+                p.index_fill_(0, ignored, 0.0)  # ignored rows send no gradient; touches only those rows
             p = p.to(compute)
             if grad_hidden is not None:
                 rows = grad_hidden[start:start + chunk_rows]  # (C, D), contiguous rows
