@@ -105,3 +105,29 @@ def test_the_causal_lm_objective_gives_the_same_loss_and_gradients_fused_or_not(
     grads = dict(plain_model.named_parameters())
     for name, p in fused_model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_target_whose_probability_underflows_keeps_an_exact_finite_loss():
+    """Training computes the loss from log(softmax) at the target; where that probability is below fp32's range
+    (a confident wrong prediction: the target's logit about 200 below the best), the row falls back to logit -
+    logsumexp, so the loss and the gradients stay autograd's through F.cross_entropy (finite, about 200)."""
+    torch.manual_seed(3)
+    hidden = torch.randn(6, 4, requires_grad=True)
+    weight = torch.randn(9, 4)
+    with torch.no_grad():
+        h0 = hidden[0].detach()
+        weight[2] = h0 * (200.0 / h0.dot(h0))  # row 0 scores token 2 at 200, far above the rest
+    weight.requires_grad_(True)
+    labels = torch.tensor([5, 1, 2, -100, 7, 0])
+    with torch.no_grad():
+        logits = F.linear(hidden, weight)
+        assert torch.softmax(logits[0], -1)[5] == 0.0  # the fp32 probability underflows
+    loss, correct = linear_cross_entropy(hidden, weight, labels, chunk_rows=4)
+    loss.backward()
+    ref_h, ref_w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    ref = F.cross_entropy(F.linear(ref_h, ref_w), labels, reduction="sum", ignore_index=-100)
+    ref.backward()
+    assert torch.isfinite(loss) and loss.item() > 100
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(hidden.grad, ref_h.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-4, atol=1e-5)

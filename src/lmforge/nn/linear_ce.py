@@ -53,16 +53,25 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
             target = y.clamp(min=0)  # (C,) any index for ignored rows; masked below
             logits = F.linear(h, weight_c)  # (C, V) in the compute dtype
             score_dtype = torch.promote_types(logits.dtype, torch.float32)
-            logp = torch.log_softmax(logits, dim=-1, dtype=score_dtype)  # (C, V) fp32 (fp64 for fp64 inputs)
-            picked = logp.gather(1, target[:, None]).squeeze(1)  # (C,)
-            loss = loss - (picked * valid).sum()
-            # argmax of the fp32 log-probabilities: the logits' own (log_softmax keeps each row's order), and about
-            # six times faster than a bf16 argmax on a CPU
-            correct = correct + ((logp.argmax(-1) == y) & valid).sum()
-            del logits
-            if grad_hidden is None and grad_weight is None:
+            if grad_hidden is None and grad_weight is None:  # evaluation: the log-probabilities are all it needs
+                logp = torch.log_softmax(logits, dim=-1, dtype=score_dtype)  # (C, V) fp32 (fp64 for fp64 inputs)
+                loss = loss - (logp.gather(1, target[:, None]).squeeze(1) * valid).sum()
+                # argmax of the fp32 scores: the logits' own order, about six times faster than a bf16 argmax
+                correct = correct + ((logp.argmax(-1) == y) & valid).sum()
                 continue
-            p = logp.exp_()  # (C, V) the softmax, in place of the log-probabilities
+            # training: the softmax itself (one pass fewer than log_softmax + exp), the loss from the picked
+            # probabilities' logarithm; where a picked probability is too small for its logarithm to keep fp32's
+            # precision (a confident wrong prediction), that row's log-probability is computed exactly instead
+            p = torch.softmax(logits, dim=-1, dtype=score_dtype)  # (C, V)
+            picked_p = p.gather(1, target[:, None]).squeeze(1)  # (C,)
+            picked = picked_p.log()
+            tiny = (picked_p < torch.finfo(score_dtype).tiny * 1e8).nonzero().squeeze(1)  # (k,) usually empty
+            if tiny.numel():
+                rows = logits.index_select(0, tiny).to(score_dtype)  # (k, V)
+                picked[tiny] = rows.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
+            loss = loss - (picked * valid).sum()
+            correct = correct + ((p.argmax(-1) == y) & valid).sum()  # softmax keeps each row's order
+            del logits
             p[torch.arange(p.shape[0], device=p.device), target] -= 1.0
             ignored = (~valid).nonzero().squeeze(1)  # (k,) usually a few rows (a causal LM's last position)
             if ignored.numel():
