@@ -838,10 +838,12 @@ class MultiHeadAttention(nn.Module):
         as they are. The parameters and their state-dict keys stay the three separate projections.
         """
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        if cache is None or not self.fuse_projections or not _plain_linears(projections) or (
+        if cache is None or not self.fuse_projections or (
                 torch.is_grad_enabled() and any(p.weight.requires_grad for p in projections)):
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if cache.projection is None:
+        if cache.projection is None:  # the first step of a generation: may these three be fused at all?
+            if not _plain_linears(projections):
+                return self.q_proj(x), self.k_proj(x), self.v_proj(x)
             with torch.no_grad():
                 weight = torch.cat([proj.weight for proj in projections])  # (3D, D)
                 bias = None if self.q_proj.bias is None else torch.cat([proj.bias for proj in projections])

@@ -67,8 +67,8 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
             picked = picked_p.log()
             tiny = (picked_p < torch.finfo(score_dtype).tiny * 1e8).nonzero().squeeze(1)  # (k,) usually empty
             if tiny.numel():
-                rows = logits.index_select(0, tiny).to(score_dtype)  # (k, V)
-                picked[tiny] = rows.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(rows, dim=-1)
+                exact = logits.index_select(0, tiny).to(score_dtype)  # (k, V)
+                picked[tiny] = exact.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(exact, dim=-1)
             loss = loss - (picked * valid).sum()
             correct = correct + ((p.argmax(-1) == y) & valid).sum()  # softmax keeps each row's order
             del logits
