@@ -10,7 +10,8 @@ Cases (issue 4), all at length 128, in train mode with dropout 0.1 on both sides
   -100 elsewhere), NSP labels 50/50.
 - ``gpt`` (gpt-mini: 6 layers, 192 wide, 6 heads, vocabulary 50,257), batch 16: causal LM. Ours is ``Decoder`` with
   ``CausalLMObjective`` (labels = next tokens, -100 at the last position); theirs is ``transformers.GPT2LMHeadModel``
-  with ``labels=input_ids`` (shifted inside). Both predict B x 127 tokens.
+  with ``labels=input_ids`` (shifted inside). Both predict B x 127 tokens. ``gpt2-small`` (12 layers, 768 wide, 12
+  heads, vocabulary 50,257), batch 8: the same at GPT-2 small's shape.
 
 One step = forward + loss (inside ``torch.autocast("cpu", torch.bfloat16)`` for bf16) + backward +
 ``torch.optim.AdamW(lr=1e-4)`` step (torch's defaults) + ``zero_grad()``. After warm-up steps, the two sides run in
@@ -27,7 +28,7 @@ With ``--precision both`` (the default) bf16 runs only when the measured bf16 ma
 without native bf16 arithmetic (no AVX512_BF16 or AMX) autocast makes training many times slower, and the table says
 so instead. ``--precision bf16`` forces it.
 
-Run: ``.venv/bin/python benchmarks/bench_pretrain.py [--quick] [--steps 12] [--only bert-mini|bert-base|gpt]
+Run: ``.venv/bin/python benchmarks/bench_pretrain.py [--quick] [--steps 12] [--only bert-mini|bert-base|gpt|gpt2-small]
 [--precision fp32|bf16|both]``. Prints Markdown; the allocator of the run (glibc or a preloaded tcmalloc) applies to
 both sides alike.
 """
@@ -83,6 +84,7 @@ SHAPES = {
     "bert-mini": Shape("bert-mini", "bert", "bert-mini", 32, 30522),
     "bert-base": Shape("bert-base", "bert", "bert-base", 8, 30522),
     "gpt": Shape("gpt", "gpt", "gpt-mini", 16, 50257),
+    "gpt2-small": Shape("gpt2-small", "gpt", "gpt2-small", 8, 50257),
 }
 
 

@@ -131,3 +131,36 @@ def test_a_target_whose_probability_underflows_keeps_an_exact_finite_loss():
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(hidden.grad, ref_h.grad, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(weight.grad, ref_w.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_correct_count_follows_argmax_on_ties(train):
+    """The count comes from the others' maximum (amax), not argmax; rows where the target only ties the best must
+    still count as argmax does: a hit only when no tied entry comes before the target."""
+    hidden = torch.randn(8, 4)
+    weight = torch.randn(6, 4)
+    weight[3] = weight[1]  # tokens 1 and 3 always score the same
+    weight[5] = weight[0]
+    hidden[0] = weight[1] * 10  # rows 0-1 make 1 and 3 the (tied) best
+    hidden[1] = weight[1] * 10
+    labels = torch.tensor([1, 3, 0, 5, 2, 4, -100, 3])
+    zero = torch.zeros(6, 4)  # every score equal: argmax is token 0 everywhere
+    for w in (weight, zero):
+        h = hidden.clone().requires_grad_(train)
+        with torch.set_grad_enabled(train):
+            _, correct = linear_cross_entropy(h, w, labels, chunk_rows=3)
+        _, ref_correct = reference(hidden, w, labels)
+        assert int(correct) == int(ref_correct)
+    assert int(linear_cross_entropy(hidden, zero, labels)[1]) == 1  # only the row whose target is token 0
+
+
+def test_the_default_chunk_fits_the_cache_on_a_cpu_and_stays_within_bounds(monkeypatch):
+    from lmforge.nn import linear_ce
+
+    assert linear_ce.last_level_cache_bytes() > 0  # read from the system, or the fallback
+    monkeypatch.setattr(linear_ce, "last_level_cache_bytes", lambda: 32 * 2**20)
+    assert linear_ce.auto_chunk_rows(8000, 192, "cpu") == linear_ce.CHUNK_ROWS  # small vocabulary: the cap
+    rows = linear_ce.auto_chunk_rows(50257, 192, "cpu")
+    assert rows * 50257 * 4 <= 32 * 2**20 and rows >= linear_ce.MIN_CHUNK_ROWS
+    assert linear_ce.auto_chunk_rows(50257, 768, "cpu") == 256  # wide states: the weight's traffic sets the floor
+    assert linear_ce.auto_chunk_rows(50257, 192, "cuda") == linear_ce.CHUNK_ROWS

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.nn.packed_dropout import Dropout
 
 
 class ChoiceOutput(NamedTuple):
@@ -40,7 +41,7 @@ class MultipleChoiceHead(nn.Module):
 
     def __init__(self, d_model: int, *, dropout: float = 0.1, init_std: float | None = 0.02) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.scorer = nn.Linear(d_model, 1)
         if init_std is not None:
             nn.init.normal_(self.scorer.weight, std=init_std)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.nn.packed_dropout import Dropout
 
 
 class SequenceClassificationOutput(NamedTuple):
@@ -62,7 +63,7 @@ class SequenceClassificationHead(nn.Module):
             raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
                                "float labels (regression)")
         self.labels, self.regression = list(labels), regression
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
         if init_std is not None:
             nn.init.normal_(self.classifier.weight, std=init_std)
@@ -106,7 +107,7 @@ class ConcatPoolingClassifierHead(SequenceClassificationHead):
     def __init__(self, d_pooled: int, labels: list[str], *, regression: bool = False, dropout: float = 0.4,
                  d_inner: int = 50, inner_dropout: float = 0.1) -> None:
         super().__init__(d_inner, labels, regression=regression, dropout=inner_dropout, init_std=None)
-        self.block = nn.Sequential(nn.BatchNorm1d(d_pooled), nn.Dropout(dropout), nn.Linear(d_pooled, d_inner),
+        self.block = nn.Sequential(nn.BatchNorm1d(d_pooled), Dropout(dropout), nn.Linear(d_pooled, d_inner),
                                    nn.ReLU(), nn.BatchNorm1d(d_inner))
 
     def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.nn.packed_dropout import Dropout
 
 __all__ = ["QAOutput", "QuestionAnsweringHead", "build_qa_head"]
 
@@ -69,7 +70,7 @@ class QuestionAnsweringHead(nn.Module):
             raise LmforgeError(f"QuestionAnsweringHead needs d_model >= 1, got {d_model}")
         if not 0.0 <= dropout < 1.0:
             raise LmforgeError(f"the QA head's dropout must be in [0, 1), got {dropout}")
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.qa_outputs = nn.Linear(d_model, 2)
         nn.init.normal_(self.qa_outputs.weight, std=init_std)
         nn.init.zeros_(self.qa_outputs.bias)

@@ -29,6 +29,7 @@ from lmforge.data.spans import count_spans, enumerate_spans
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import masked_softmax
 from lmforge.nn.feedforward import ACTIVATIONS
+from lmforge.nn.packed_dropout import Dropout
 
 SPAN_FEATURES = ("lecture", "width")
 SPAN_DECODINGS = ("flat", "nested")
@@ -215,7 +216,7 @@ class SpanClassificationHead(nn.Module):
         self.max_span_width, self.pooling = max_span_width, pooling
         self.features, self.decoding = features, decoding
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.start_proj = nn.Linear(d_model, E)
         self.end_proj = nn.Linear(d_model, E)
         self.width = nn.Embedding(max_span_width, d_width) if features == "width" else None

@@ -37,6 +37,7 @@ from lmforge.choices import TAG_SCHEMES
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.crf import LinearChainCRF
+from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.pooling import WORD_POOLINGS, pool_words
 
 __all__ = [
@@ -114,7 +115,7 @@ class TokenClassificationHead(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise LmforgeError(f"dropout must be in [0, 1); got {dropout}")
         self.subwords, self.word_pooling = subwords, word_pooling
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(d_model, len(self.labels))
         nn.init.normal_(self.classifier.weight, std=init_std)
         nn.init.zeros_(self.classifier.bias)

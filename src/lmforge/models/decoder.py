@@ -39,6 +39,7 @@ from lmforge.nn import (
     select_layers,
 )
 from lmforge.nn.init import normal_init
+from lmforge.nn.packed_dropout import Dropout
 
 __all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
 
@@ -116,7 +117,7 @@ class Decoder(PretrainedMixin, nn.Module):
         positions = build_positional(config.positional, d_model=D, d_head=config.d_head, max_len=config.max_seq_len)
         self.position_embedding: nn.Module | None = positions.table
         self.rotary: RotaryEmbedding | None = positions.rotary
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.layers = nn.ModuleList(
             DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
                          attention_dropout=config.attention_dropout, activation=config.activation,

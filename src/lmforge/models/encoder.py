@@ -33,6 +33,7 @@ from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.packing import Packing
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
 
@@ -96,7 +97,7 @@ class EncoderEmbeddings(nn.Module):
         self.positions: LearnedPositional | SinusoidalPositional | None = positions.table
         self.segments = nn.Embedding(config.type_vocab_size, E) if config.type_vocab_size else None
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.projection = nn.Linear(E, config.d_model) if E != config.d_model else None
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,

@@ -44,6 +44,7 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
+from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.packing import Packing
 
 __all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput", "SourceEncoder", "SourceEncoderOutput"]
@@ -147,7 +148,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         # A learned table is trained per side; a sinusoidal one (no parameters) serves both; rotary adds none.
         self.tgt_position: nn.Module | None = (build_positional(config.positional, **sizes).table
                                                if isinstance(src.table, LearnedPositional) else src.table)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout,
                       activation=config.activation, norm_first=config.norm_first,
                       layer_norm_eps=config.layer_norm_eps, kernel=config.kernel, rotary=self.rotary)
@@ -398,7 +399,7 @@ class SourceEncoder(PretrainedMixin, nn.Module):
         src = build_positional(config.positional, d_model=D, d_head=config.d_head, max_len=config.max_seq_len)
         self.src_position: nn.Module | None = src.table
         self.rotary: RotaryEmbedding | None = src.rotary
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
                          attention_dropout=config.attention_dropout, activation=config.activation,

@@ -56,6 +56,7 @@ from lmforge.nn.feedforward import ACTIVATIONS
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.relative import RelativeMultiHeadAttention, relative_positions_encoding
 
 __all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLMOutput", "XLNetLayer", "XLNetOutput"]
@@ -122,7 +123,7 @@ class XLNetFeedForward(nn.Module):
         self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.layer_1 = nn.Linear(d_model, d_ff)
         self.layer_2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -196,7 +197,7 @@ class XLNet(PretrainedMixin, nn.Module):
         self.word_embedding = nn.Embedding(config.vocab_size, D)
         self.mask_emb = nn.Parameter(torch.empty(1, 1, D))  # the query stream's input: the trainable vector w
         self.layers = nn.ModuleList(XLNetLayer(config) for _ in range(config.n_layers))
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         self.lm_head = XLNetLMHead(config.vocab_size)
         self.reset_parameters()
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from lmforge.choices import HARD_ATTENTION_ESTIMATORS, LOCAL_ALIGNMENTS
 from lmforge.errors import LmforgeError
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask
+from lmforge.nn.packed_dropout import dropout, dropout_attention, uses_packed_masks
 from lmforge.nn.packing import Packing
 
 __all__ = [
@@ -347,7 +348,7 @@ def math_attention(
     """
     weights = attention_weights(q, k, mask, is_causal, scale)  # (B, H, T, S)
     if dropout_p > 0.0:
-        weights = F.dropout(weights, p=dropout_p)
+        weights = dropout(weights, dropout_p)
     return weights @ v  # (B, H, T, Dh)
 
 
@@ -365,6 +366,9 @@ def sdpa_attention(
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and T == 1:  # one new query (a cached decoding step): its bottom-right causal row allows every key
         is_causal = False
+    if dropout_p > 0.0 and q.dtype in (torch.float32, torch.float64) and uses_packed_masks(q):
+        # torch's CPU SDPA has no fused kernel with dropout: its math path, with a mask a third as costly
+        return dropout_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), dropout_p, scale)
     if mask is None and (not is_causal or T == S):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = _fold_causal(mask, is_causal, T, S, q.device)
@@ -927,7 +931,7 @@ class MultiHeadAttention(nn.Module):
         weights = None
         if need_weights:  # the math path, so the returned weights are the ones used
             weights = attention_weights(q, k, mask, causal, scale)  # (B, H, T, S)
-            out = (F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights) @ v  # (B, H, T, Dh)
+            out = (dropout(weights, dropout_p) if dropout_p > 0.0 else weights) @ v  # (B, H, T, Dh)
         else:
             out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, causal, scale)  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, D)
@@ -950,7 +954,7 @@ class MultiHeadAttention(nn.Module):
         weights = None
         if need_weights:
             weights = attention_weights(q, k, mask, False, scale)  # (B, H, T, T)
-            out = (F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights) @ v
+            out = (dropout(weights, dropout_p) if dropout_p > 0.0 else weights) @ v
         else:
             out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, False, scale)  # (B, H, T, Dh)
         out = packing.pack(out.transpose(1, 2))  # (N, H, Dh): the real queries only

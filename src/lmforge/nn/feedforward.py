@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.packed_dropout import Dropout
 
 __all__ = ["ACTIVATIONS", "FeedForward", "gelu_sigmoid"]
 
@@ -58,7 +59,7 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """

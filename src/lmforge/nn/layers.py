@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import KVCache, MultiHeadAttention
 from lmforge.nn.feedforward import FeedForward
+from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.packing import Packing
 
 __all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput", "StackCache"]
@@ -184,7 +185,7 @@ class EncoderLayer(nn.Module):
         self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False,
@@ -264,7 +265,7 @@ class DecoderLayer(nn.Module):
             self.cross_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,

@@ -20,12 +20,63 @@ sums are fp32.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 IGNORE = -100
-CHUNK_ROWS = 512  # rows per chunk: (512, V) fp32 logits, 16 MB at V = 8,000 (measured best of 256-1024 here)
+CHUNK_ROWS = 512  # the most rows per chunk (and the chunk on GPUs): (512, V) fp32 scores, 16 MB at V = 8,000
+MIN_CHUNK_ROWS = 64
+CACHE_SHARE = 0.75  # the share of the last-level cache one chunk's (rows, V) fp32 scores may fill on a CPU
+FALLBACK_CACHE_BYTES = 16 * 2**20  # where the cache size cannot be read (not Linux)
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of cpu0 as Linux reports it (sysfs), else ``FALLBACK_CACHE_BYTES``."""
+    best = 0
+    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size_file.read_text(encoding="ascii").strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return best or FALLBACK_CACHE_BYTES
+
+
+def auto_chunk_rows(vocab: int, dim: int, device_type: str) -> int:
+    """Rows per chunk: on a CPU, as many as keep one chunk's (rows, V) fp32 scores within most of the last-level
+    cache, so the passes after the product (softmax, argmax, the gradient products' reads) hit the cache rather
+    than memory; but at least ``dim // 3`` rows, because each chunk reads the whole (V, D) weight three times and
+    for wide states that traffic outweighs the scores'. Measured on a 32 MiB-L3 CPU, N = 2,048, V = 50,257: D = 192
+    is fastest at 64-128 rows (about 10% faster than 512), D = 768 at 256-512; at V = 8,000 every size from 256
+    to 512 is within noise."""
+    if device_type != "cpu":
+        return CHUNK_ROWS
+    rows = int(CACHE_SHARE * last_level_cache_bytes() / (4 * max(vocab, 1)))
+    rows = max(rows, dim // 3, MIN_CHUNK_ROWS)
+    return min(CHUNK_ROWS, rows // 16 * 16)
+
+
+def _argmax_hits(scores: Tensor, picked: Tensor, target: Tensor, valid: Tensor) -> Tensor:
+    """How many valid rows have ``argmax(row) == target``, given each row's ``scores`` with the target's own entry
+    pushed below every other (``picked`` holds its true value).
+
+    ``amax`` over the others is one vectorised pass, about eight times faster than ``argmax``: a row is a hit when
+    its target beats every other entry. Rows where it only ties them (rare, except e.g. all-equal scores) are
+    restored and decided by ``argmax`` itself (the first maximal index)."""
+    others = scores.amax(-1)  # (C,) the best entry apart from the target
+    hits = (picked > others) & valid
+    tied = ((picked == others) & valid).nonzero().squeeze(1)  # (k,) usually empty
+    if tied.numel():  # the rows as they were, and argmax's own rule (the first maximal index)
+        rows = scores.index_select(0, tied)  # (k, V)
+        rows[torch.arange(tied.numel(), device=rows.device), target[tied]] = picked[tied]
+        hits[tied] = rows.argmax(-1) == target[tied]
+    return hits.sum()
 
 
 def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ignore_index: int,
@@ -34,9 +85,9 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
     the gradient of the loss sum when they are given.
 
     Under autocast the weight and the states are cast to its dtype ONCE here (autocast would cast them again for
-    every product of every chunk) and the products run with autocast off. Per chunk the (C, V) scores go through
-    memory four times: the product writes them, ``log_softmax`` (fp32 out) reads them, ``exp_`` turns the
-    log-probabilities into the softmax in place, and one cast feeds both gradient products."""
+    every product of every chunk) and the products run with autocast off. In training, per chunk the (C, V) scores
+    are written by the product, turned into the softmax, and read by one ``amax`` (the accuracy) and the two gradient
+    products."""
     device = hidden.device.type
     amp = torch.is_autocast_enabled(device) if hasattr(torch, "get_autocast_dtype") else torch.is_autocast_enabled()
     compute = torch.get_autocast_dtype(device) if amp and hasattr(torch, "get_autocast_dtype") else \
@@ -55,9 +106,10 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
             score_dtype = torch.promote_types(logits.dtype, torch.float32)
             if grad_hidden is None and grad_weight is None:  # evaluation: the log-probabilities are all it needs
                 logp = torch.log_softmax(logits, dim=-1, dtype=score_dtype)  # (C, V) fp32 (fp64 for fp64 inputs)
-                loss = loss - (logp.gather(1, target[:, None]).squeeze(1) * valid).sum()
-                # argmax of the fp32 scores: the logits' own order, about six times faster than a bf16 argmax
-                correct = correct + ((logp.argmax(-1) == y) & valid).sum()
+                picked = logp.gather(1, target[:, None]).squeeze(1)  # (C,)
+                loss = loss - (picked * valid).sum()
+                logp[torch.arange(logp.shape[0], device=logp.device), target] = -torch.inf  # the others' best
+                correct = correct + _argmax_hits(logp, picked, target, valid)
                 continue
             # training: the softmax itself (one pass fewer than log_softmax + exp), the loss from the picked
             # probabilities' logarithm; where a picked probability is too small for its logarithm to keep fp32's
@@ -70,9 +122,9 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
                 exact = logits.index_select(0, tiny).to(score_dtype)  # (k, V)
                 picked[tiny] = exact.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(exact, dim=-1)
             loss = loss - (picked * valid).sum()
-            correct = correct + ((p.argmax(-1) == y) & valid).sum()  # softmax keeps each row's order
             del logits
-            p[torch.arange(p.shape[0], device=p.device), target] -= 1.0
+            p[torch.arange(p.shape[0], device=p.device), target] -= 1.0  # the target's own entry now <= 0
+            correct = correct + _argmax_hits(p, picked_p, target, valid)  # softmax keeps each row's order
             ignored = (~valid).nonzero().squeeze(1)  # (k,) usually a few rows (a causal LM's last position)
             if ignored.numel():
                 p.index_fill_(0, ignored, 0.0)  # ignored rows send no gradient; touches only those rows
@@ -115,7 +167,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, ignore_index: int = IGNORE,
-                         chunk_rows: int = CHUNK_ROWS) -> tuple[Tensor, Tensor]:
+                         chunk_rows: int | None = None) -> tuple[Tensor, Tensor]:
     """Summed cross-entropy of ``hidden @ weight.T`` against ``labels``, and the number of correct argmax
     predictions, without materialising the logits (see the module docstring).
 
@@ -124,7 +176,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, igno
         weight: (V, D) the output projection (a tied token embedding, or an LM head's weight).
         labels: (N,) target ids, ``ignore_index`` where nothing is predicted.
         ignore_index: the label of rows without a target.
-        chunk_rows: rows per chunk.
+        chunk_rows: rows per chunk (default: ``auto_chunk_rows`` for the weight's shape and device).
 
     Returns:
         (loss_sum () fp32, differentiable; correct () int64).
@@ -133,6 +185,8 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, igno
             or weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"linear_cross_entropy needs hidden (N, D), weight (V, D) and labels (N,); got "
                          f"{tuple(hidden.shape)}, {tuple(weight.shape)} and {tuple(labels.shape)}")
+    if chunk_rows is None:
+        chunk_rows = auto_chunk_rows(weight.shape[0], weight.shape[1], hidden.device.type)
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be positive; got {chunk_rows}")
     if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):

@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
 from lmforge.nn.attention import masked_softmax
+from lmforge.nn.packed_dropout import dropout
 
 __all__ = ["RelativeAttentionOutput", "RelativeMultiHeadAttention", "rel_shift", "relative_positions_encoding"]
 
@@ -219,13 +219,13 @@ class RelativeMultiHeadAttention(nn.Module):
             e = (q + self.r_s_bias[:, None]) @ self.seg_embed.permute(1, 2, 0)  # (B, H, T, 2)
             scores = scores + torch.where(seg, e[..., 1:], e[..., :1])  # (B, H, T, K) segment
         weights = masked_softmax(scores * self.d_head**-0.5, allowed)  # (B, H, T, K)
-        dropped = F.dropout(weights, p=self.attn_dropout, training=self.training)
+        dropped = dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, K)
 
     def _post(self, x: Tensor, vec: Tensor) -> Tensor:
         # vec (B, H, L, Dh) -> projected, dropout, residual x (B, L, D), LayerNorm.
         out = torch.einsum("bhle,dhe->bld", vec, self.o)  # (B, L, D)
-        return self.layer_norm(F.dropout(out, p=self.dropout, training=self.training) + x)
+        return self.layer_norm(dropout(out, self.dropout, self.training) + x)
 
     def forward(
         self,

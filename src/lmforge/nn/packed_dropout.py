@@ -1,0 +1,178 @@
+"""Dropout with a cheaper mask on a CPU: 32-bit random lanes packed two to a 64-bit draw (issue 22, item 2).
+
+``F.dropout`` on a CPU draws its mask with ``bernoulli_``, one random number per element, and that draw is most of a
+dropout's cost (85% of a forward + backward on a (16, 6, 128, 128) tensor here) and runs on one thread. Here the mask
+comes from ``random_`` over full-range int64 words, each read as two independent uniform 32-bit integers, compared
+with a threshold: an element is dropped when its lane falls among the lowest ``round(p 2^32)`` of the 2^32 values.
+So the drop probability is ``p`` rounded to a multiple of 2^-32 (torch's own CPU ``bernoulli_`` resolves it no finer)
+and kept elements are scaled by the exact inverse of the keep probability, so the expectation is unchanged. The mask
+is kept as bool (1 byte per element, against ``F.dropout``'s 4-byte float mask) for backward.
+
+Measured on 2 AVX-512 cores, forward + backward: 1.8x ``F.dropout`` on (16, 6, 128, 128) and (32, 128, 384).
+
+``scaled_dot_product_attention`` with ``dropout_p > 0`` leaves its fused kernel for the math path on a CPU;
+``dropout_attention`` is that math path written out with this mask, one ``baddbmm`` for scores and mask, and a
+backward that takes softmax's row sums from the (T, Dh) output instead of the (T, S) weights (as flash attention
+does: sum_j dP_ij P_ij = dO_i . O_i once the dropout is folded in).
+
+The draws come from torch's default CPU generator (or the one passed), so a seed fixes the masks and a resumed run
+that restores the generator's state draws the same ones; ``random_`` is serial on a CPU, so the masks do not depend
+on the thread count. Under ``torch.compile`` the words come from ``torch.randint_like`` (the same numbers, no graph
+break; ``--compile`` keeps inductor on the eager random stream), so compiled and eager training draw the same masks.
+On other devices (whose own dropout kernels are fast) and for attention in other dtypes than fp32/fp64, everything
+falls back to PyTorch's own dropout, whose random stream differs from this one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Dropout", "dropout", "dropout_attention", "keep_mask", "uses_packed_masks"]
+
+_LANES = 2**32
+
+
+def _threshold(p: float) -> tuple[int, float]:
+    """(int32 threshold: keep when lane >= it, scale of kept elements) for drop probability ``p`` in (0, 1)."""
+    dropped = round(p * _LANES)
+    return dropped - _LANES // 2, _LANES / (_LANES - dropped)
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
+              generator: torch.Generator | None = None) -> Tensor:
+    """A bool mask of ``shape``, True (kept) with probability 1 - p (p rounded to a multiple of 2^-32).
+
+    Args:
+        shape: the mask's shape.
+        p: the drop probability, in [0, 1].
+        device: where to draw it.
+        generator: the random generator (default: torch's default for the device).
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"the drop probability must be in [0, 1]; got {p}")
+    n = math.prod(shape)
+    if p == 0.0 or p == 1.0 or n == 0:
+        return torch.full(tuple(shape), p < 1.0, dtype=torch.bool, device=device)
+    if torch.compiler.is_compiling() and generator is None:  # the same numbers out of place (TorchDynamo breaks
+        # the graph at random_; randint_like, unlike randint, also takes symbolic sizes)
+        words = torch.randint_like(torch.empty((n + 1) // 2, dtype=torch.int64, device=device), -(2**63), 2**63 - 1)
+    else:  # (n/2,) full-range words: two uniform lanes each
+        words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device)
+        words.random_(-(2**63), 2**63 - 1, generator=generator)
+    threshold, _ = _threshold(p)
+    return (words.view(torch.int32)[:n] >= threshold).view(tuple(shape))
+
+
+def uses_packed_masks(x: Tensor) -> bool:
+    """Whether ``dropout`` draws its own mask for ``x`` (a CPU tensor)."""
+    return x.device.type == "cpu"
+
+
+class _PackedDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
+        keep = keep_mask(x.shape, p, x.device)
+        _, scale = _threshold(p)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """``F.dropout(x, p, training)`` with the packed mask on a CPU (see the module docstring)."""
+    if not training or p == 0.0:
+        return x
+    if p == 1.0 or not uses_packed_masks(x):
+        return F.dropout(x, p, training)
+    return _PackedDropout.apply(x, p)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` (same arguments, same state) whose CPU mask is drawn as ``dropout`` draws it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.inplace or not self.training:
+            return super().forward(x)
+        return dropout(x, self.p, True)
+
+
+class _DropoutAttention(torch.autograd.Function):
+    """softmax(q k^T scale + bias) with a packed dropout mask, times v; (B*H, T, Dh) operands, ``bias`` broadcastable
+    to (B, H, T, S) (0 where a key may be attended, the dtype's minimum where not)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,  # type: ignore[override]
+                row_valid: Tensor | None, p: float, scale: float, heads: int) -> Tensor:
+        N, T, _ = q.shape
+        S = k.shape[1]
+        qs = q * scale  # (N, T, Dh): the scale on the small operand
+        if bias is not None and bias.shape[0] == 1 and bias.shape[1] == 1:  # one (T, S) bias (a causal mask)
+            scores = torch.baddbmm(bias.view(1, T, S), qs, k.transpose(1, 2))  # (N, T, S)
+        else:
+            scores = torch.bmm(qs, k.transpose(1, 2))
+            if bias is not None:  # per-sequence bias (padding): broadcast over heads in place
+                scores.view(N // heads, heads, T, S).add_(bias)
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        if row_valid is not None:  # rows with no key to attend to: zero weights (as the math kernel)
+            probs.mul_(row_valid)
+        keep = keep_mask(probs.shape, p, probs.device)
+        _, inv = _threshold(p)
+        out = torch.bmm(probs.mul(keep), v).mul_(inv)  # (N, T, Dh)
+        ctx.save_for_backward(qs, k, v, probs, keep, out)
+        ctx.inv, ctx.scale = inv, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):  # type: ignore[override]
+        qs, k, v, probs, keep, out = ctx.saved_tensors
+        dout = dout.contiguous()
+        dv = torch.bmm(probs.mul(keep).transpose(1, 2), dout).mul_(ctx.inv)  # (N, S, Dh)
+        dprobs = torch.bmm(dout, v.transpose(1, 2)).mul_(keep).mul_(ctx.inv)  # (N, T, S) d(weights before dropout)
+        rows = (dout * out).sum(-1, keepdim=True)  # (N, T, 1) = sum_j dP_ij P_ij
+        dscores = dprobs.sub_(rows).mul_(probs)  # (N, T, S) softmax backward
+        dq = torch.bmm(dscores, k).mul_(ctx.scale)
+        dk = torch.bmm(dscores.transpose(1, 2), qs)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def dropout_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float,
+                      scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale, masked) with dropout ``p`` on the weights, times v (the packed mask; see the module
+    docstring). Meant for CPU training in fp32 (or fp64).
+
+    Args:
+        q: (B, H, T, Dh); k, v: (B, H, S, Dh).
+        mask: bool broadcastable to (B, H, T, S), True = may attend (a causal mask folded in); or None.
+        p: dropout on the attention weights, in (0, 1).
+        scale: score multiplier, default 1 / sqrt(Dh).
+
+    Returns:
+        (B, H, T, Dh); rows with no key to attend to are zeros.
+    """
+    B, H, T, Dh = q.shape
+    S = k.shape[-2]
+    scale = Dh ** -0.5 if scale is None else scale
+    bias = row_valid = None
+    heads = H
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S)
+        if mask.shape[1] != 1:  # per-head masks: one bias per (sequence, head)
+            mask, heads = mask.expand(B, H, T, S).reshape(B * H, 1, T, S), 1
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
+        valid = mask.any(-1, keepdim=True)  # (B|1|B*H, 1, T|1, 1)
+        if torch.compiler.is_compiling() or not bool(valid.all()):  # compiled: no host sync, the product fuses
+            rows = B * H // heads
+            row_valid = valid.to(q.dtype).expand(rows, heads, T, 1).reshape(B * H, T, 1)
+    out = _DropoutAttention.apply(q.reshape(B * H, T, Dh), k.reshape(B * H, S, Dh), v.reshape(B * H, S, Dh),
+                                  bias, row_valid, p, scale, heads)
+    return out.view(B, H, T, Dh)

@@ -1,0 +1,106 @@
+"""The packed-mask dropout (lmforge.nn.packed_dropout): its distribution, its gradients, its attention against the
+written-out math with the same mask, and the fall-backs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmforge.nn.attention import attention_weights, make_causal_mask, sdpa_attention
+from lmforge.nn.packed_dropout import Dropout, dropout, dropout_attention, keep_mask
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_the_mask_keeps_each_element_with_probability_one_minus_p(p):
+    torch.manual_seed(0)
+    keep = keep_mask((400, 1001), p)  # an odd count: the last 64-bit word is used for one lane only
+    n = keep.numel()
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5  # within 5 standard errors
+    # both lanes of a word are uniform and independent: the even and odd elements keep at the same rate, and
+    # neighbours agree as often as independent draws would
+    flat = keep.flatten().float()
+    assert abs(flat[0::2].mean() - flat[1::2].mean()) < 5 * (2 * p * (1 - p) / (n / 2)) ** 0.5
+    both = (flat[0:-1:2] * flat[1::2]).mean().item()
+    assert abs(both - (1 - p) ** 2) < 5 * ((1 - p) ** 2 * (1 - (1 - p) ** 2) / (n / 2)) ** 0.5
+
+
+def test_the_mask_follows_the_seed_and_not_the_thread_count():
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(7)
+        one = keep_mask((64, 333), 0.2)
+        torch.set_num_threads(2)
+        torch.manual_seed(7)
+        two = keep_mask((64, 333), 0.2)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    assert not torch.equal(one, keep_mask((64, 333), 0.2))  # the next draw differs
+
+
+def test_dropout_scales_kept_elements_and_its_gradient_uses_the_same_mask():
+    torch.manual_seed(0)
+    x = torch.randn(50, 70, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(3)
+    y = dropout(x, 0.25)
+    torch.manual_seed(3)
+    keep = keep_mask(x.shape, 0.25)
+    scale = 2**32 / (2**32 - round(0.25 * 2**32))
+    torch.testing.assert_close(y, x * keep * scale)
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(x.grad, g * keep * scale)
+    assert abs(y.detach().mean().item() - x.detach().mean().item()) < 0.1  # unbiased in expectation
+
+
+def test_evaluation_p0_and_p1_behave_as_torch():
+    x = torch.randn(8, 9)
+    assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    layer = Dropout(0.3)
+    assert isinstance(layer, torch.nn.Dropout) and layer.state_dict() == {}
+    assert torch.equal(layer.eval()(x), x)
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        keep_mask((3,), 1.5)
+
+
+@pytest.mark.parametrize("kind", ["none", "causal", "padding", "per-head", "empty row"])
+def test_dropout_attention_equals_the_written_out_math_with_the_same_mask(kind):
+    torch.manual_seed(0)
+    B, H, T, Dh = 2, 3, 6, 4
+    q, k, v = (torch.randn(B, H, T, Dh, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = {"none": None, "causal": make_causal_mask(T, T).view(1, 1, T, T),
+            "padding": torch.tensor([[1] * 6, [1] * 4 + [0] * 2], dtype=torch.bool).view(B, 1, 1, T),
+            "per-head": torch.rand(B, H, T, T) > 0.4,
+            "empty row": torch.tensor([[0] * 6, [1] * 3 + [0] * 3], dtype=torch.bool).view(B, 1, 1, T)}[kind]
+    torch.manual_seed(5)
+    out = dropout_attention(q, k, v, mask, 0.3)
+    torch.manual_seed(5)
+    keep = keep_mask((B * H, T, T), 0.3).view(B, H, T, T)
+    scale = 2**32 / (2**32 - round(0.3 * 2**32))
+    ref = (attention_weights(q, k, mask) * keep * scale) @ v
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    g = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    if kind == "empty row":
+        assert float(out.detach()[0].abs().max()) == 0.0
+
+
+def test_sdpa_attention_takes_the_packed_path_only_for_cpu_dropout_in_fp32():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4) for _ in range(3))
+    torch.manual_seed(1)
+    ours = sdpa_attention(q, k, v, None, 0.2, True, None)
+    torch.manual_seed(1)
+    ref = dropout_attention(q, k, v, make_causal_mask(5, 5).view(1, 1, 5, 5), 0.2)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(sdpa_attention(q, k, v, None, 0.0, True, None),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    # expected output of dropout: the mean over many draws approaches attention without dropout
+    torch.manual_seed(2)
+    mean = torch.stack([sdpa_attention(q, k, v, None, 0.2, False, None) for _ in range(3000)]).mean(0)
+    torch.testing.assert_close(mean, F.scaled_dot_product_attention(q, k, v), rtol=0.0, atol=0.05)
