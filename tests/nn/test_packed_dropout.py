@@ -67,15 +67,16 @@ def test_evaluation_p0_and_p1_behave_as_torch():
         keep_mask((3,), 1.5)
 
 
-@pytest.mark.parametrize("kind", ["none", "causal", "padding", "per-head", "empty row"])
+@pytest.mark.parametrize("kind", ["none", "causal", "padding", "per-head", "empty row", "one padded row"])
 def test_dropout_attention_equals_the_written_out_math_with_the_same_mask(kind):
     torch.manual_seed(0)
-    B, H, T, Dh = 2, 3, 6, 4
+    B, H, T, Dh = (1 if kind == "one padded row" else 2), 3, 6, 4
     q, k, v = (torch.randn(B, H, T, Dh, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    mask = {"none": None, "causal": make_causal_mask(T, T).view(1, 1, T, T),
-            "padding": torch.tensor([[1] * 6, [1] * 4 + [0] * 2], dtype=torch.bool).view(B, 1, 1, T),
-            "per-head": torch.rand(B, H, T, T) > 0.4,
-            "empty row": torch.tensor([[0] * 6, [1] * 3 + [0] * 3], dtype=torch.bool).view(B, 1, 1, T)}[kind]
+    mask = {"none": lambda: None, "causal": lambda: make_causal_mask(T, T).view(1, 1, T, T),
+            "padding": lambda: torch.tensor([[1] * 6, [1] * 4 + [0] * 2], dtype=torch.bool).view(B, 1, 1, T),
+            "per-head": lambda: torch.rand(B, H, T, T) > 0.4,
+            "empty row": lambda: torch.tensor([[0] * 6, [1] * 3 + [0] * 3], dtype=torch.bool).view(B, 1, 1, T),
+            "one padded row": lambda: torch.tensor([[1] * 4 + [0] * 2], dtype=torch.bool).view(1, 1, 1, T)}[kind]()
     torch.manual_seed(5)
     out = dropout_attention(q, k, v, mask, 0.3)
     torch.manual_seed(5)
@@ -104,3 +105,21 @@ def test_sdpa_attention_takes_the_packed_path_only_for_cpu_dropout_in_fp32():
     torch.manual_seed(2)
     mean = torch.stack([sdpa_attention(q, k, v, None, 0.2, False, None) for _ in range(3000)]).mean(0)
     torch.testing.assert_close(mean, F.scaled_dot_product_attention(q, k, v), rtol=0.0, atol=0.05)
+
+
+@pytest.mark.parametrize("chunk", [3, 6])
+def test_attention_in_chunks_of_rows_equals_one_pass_on_the_same_masks(chunk):
+    """Chunks (a multiple of the heads) draw their parts of the mask in turn: with an even (T, S) the words are the
+    same as one draw's, so the outputs and gradients equal the unchunked call's."""
+    torch.manual_seed(0)
+    B, H, T, Dh = 4, 3, 6, 4
+    q, k, v = (torch.randn(B, H, T, Dh, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.tensor([[1] * 6, [1] * 5 + [0], [1] * 2 + [0] * 4, [1] * 6], dtype=torch.bool).view(B, 1, 1, T)
+    g = torch.randn(B, H, T, Dh, dtype=torch.float64)
+    results = []
+    for c in (B * H, chunk):
+        torch.manual_seed(9)
+        out = dropout_attention(q, k, v, mask, 0.2, chunk=c)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), g)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
