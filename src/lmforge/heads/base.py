@@ -31,7 +31,10 @@ class TaskModel(PretrainedMixin, nn.Module):
         self.head = head
         from lmforge.models import architecture
 
-        self._takes_segments = "token_type_ids" in inspect.signature(backbone.forward).parameters  # a GPT has none
+        parameters = inspect.signature(backbone.forward).parameters
+        self._takes_segments = "token_type_ids" in parameters  # a GPT has none
+        # a head that reads only the pooled output lets an encoder compute the last layer at [CLS] alone
+        self._pooled_only = getattr(head, "reads_pooled_only", False) and "pooled_only" in parameters
         config = getattr(backbone, "config", None)
         # a GPT (the gpt_inputs capability): its vocabulary projection runs only for the auxiliary LM loss
         self._optional_logits = config is not None and architecture(config.arch).gpt_inputs
@@ -43,6 +46,8 @@ class TaskModel(PretrainedMixin, nn.Module):
         inputs: dict[str, Any] = {"attention_mask": attention_mask}
         if token_type_ids is not None and self._takes_segments:
             inputs["token_type_ids"] = token_type_ids
+        if self._pooled_only and not return_lm_loss:
+            inputs["pooled_only"] = True
         # the auxiliary LM loss straight from the final states when the backbone exposes its output projection
         # (lmforge.nn.linear_ce: the (B, T, V) logits are never held); else from the backbone's logits
         weight = getattr(self.backbone, "output_weight", None) if return_lm_loss else None

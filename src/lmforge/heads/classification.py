@@ -63,6 +63,7 @@ class SequenceClassificationHead(nn.Module):
             raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
                                "float labels (regression)")
         self.labels, self.regression = list(labels), regression
+        self.reads_pooled_only = True  # TaskModel: an encoder may compute its last layer at [CLS] alone
         self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
         if init_std is not None:

@@ -230,6 +230,7 @@ class Encoder(PretrainedMixin, nn.Module):
         position_ids: Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool | Sequence[int] = False,
+        pooled_only: bool = False,
     ) -> EncoderOutput:
         """Encode a batch of token sequences.
 
@@ -242,9 +243,14 @@ class Encoder(PretrainedMixin, nn.Module):
             output_hidden_states: also return the embeddings output and every layer's output.
             output_attentions: True for every layer's attention weights, or a sequence of layer indices (negative
                 counts from the end); only those layers run the weight-capturing (math) path.
+            pooled_only: the caller reads ``pooled_output`` only (sequence classification): the last layer then
+                computes the first position alone (its query still attends to every position), and
+                ``last_hidden_state`` is that position, (B, 1, D). The pooled output is the full pass's. Ignored
+                with hidden states or attention weights asked for, or rotary positions.
 
         Returns:
-            EncoderOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions).
+            EncoderOutput(last_hidden_state (B, T, D) (or (B, 1, D), see ``pooled_only``), pooled_output (B, D),
+            hidden_states, attentions).
 
         Raises:
             LmforgeError: bad input (shape, dtype, an id outside its vocabulary, a sequence longer than
@@ -260,14 +266,21 @@ class Encoder(PretrainedMixin, nn.Module):
         packing = Packing.decide(key_mask, enabled=self.unpad and output_attentions is False)
         if packing is not None:  # the layers run on the real tokens only (lmforge.nn.packing)
             x = packing.pack(x)  # (N, D)
+        first_only = (pooled_only and hidden_states is None and attentions is None
+                      and self.config.positional != "rotary")
         for i, layer in enumerate(self.layers):
+            if first_only and i == len(self.layers) - 1:  # only [CLS] is read after the last layer
+                if packing is not None:
+                    x, packing = packing.unpack(x), None  # (B, T, D): keys and values at every position
+                x = layer(x, attention_mask=key_mask, first_only=True).hidden  # (B, 1, D)
+                break
             out = layer(x, attention_mask=key_mask, need_weights=i in wanted, packing=packing)
             x = out.hidden  # (B, T, D), or (N, D) packed
             if hidden_states is not None:
                 hidden_states.append(x if packing is None else packing.unpack(x))
             if attentions is not None:
                 attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
-        x = self.final_norm(x)  # (B, T, D) or (N, D); Identity in post-LN mode
+        x = self.final_norm(x)  # (B, T, D), (B, 1, D) or (N, D); Identity in post-LN mode
         if packing is not None:
             x = packing.unpack(x)  # (B, T, D), zeros at padding
         if hidden_states is not None:

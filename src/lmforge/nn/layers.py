@@ -189,7 +189,7 @@ class EncoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False,
-        packing: Packing | None = None,
+        packing: Packing | None = None, first_only: bool = False,
     ) -> LayerOutput:
         """
         Args:
@@ -198,14 +198,25 @@ class EncoderLayer(nn.Module):
             need_weights: also return the self-attention weights.
             packing: run on the packed real tokens (``lmforge.nn.packing``): norms, dropout and the feed-forward
                 are token-wise, self-attention unpacks for the attention itself.
+            first_only: compute the output at the first position only ((B, T, D) input, no packing): its query
+                attends to every position's keys and values as in the full layer, and nothing else is computed
+                for the other positions (a last layer read only through [CLS]).
 
         Returns:
-            LayerOutput(hidden (B, T, D) or (N, D), self_attn_weights (B, H, T, T) or None).
+            LayerOutput(hidden (B, T, D), (N, D), or (B, 1, D) with ``first_only``; self_attn_weights
+            (B, H, T, T) or None).
         """
         post = not self.norm_first
 
         h = x if post else self.self_attn_norm(x)
-        a = self.self_attn(h, attention_mask=attention_mask, need_weights=need_weights, packing=packing)
+        if first_only:  # keys and values from every position (the module's own projections), the query from one
+            if packing is not None or need_weights or x.dim() != 3 or self.self_attn.rotary is not None:
+                raise LmforgeError("first_only takes a (batch, length, d_model) input, without packing, weights or "
+                                   "rotary positions")
+            a = self.self_attn(h[:, :1], h, attention_mask=attention_mask)
+            x = x[:, :1]  # (B, 1, D)
+        else:
+            a = self.self_attn(h, attention_mask=attention_mask, need_weights=need_weights, packing=packing)
         x = x + self.dropout(a.output)  # (B, T, D)
         x = self.self_attn_norm(x) if post else x
 
