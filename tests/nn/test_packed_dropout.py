@@ -123,3 +123,14 @@ def test_attention_in_chunks_of_rows_equals_one_pass_on_the_same_masks(chunk):
         results.append((out, *torch.autograd.grad(out, (q, k, v), g)))
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_bf16_and_other_devices_fall_back_to_torch_dropout():
+    """A bf16 mask would store 1 / (1 - p) rounded (1/0.9 -> 1.109): low precision keeps torch's dropout."""
+    torch.manual_seed(0)
+    x = torch.ones(200, 500, dtype=torch.bfloat16)
+    y = dropout(x, 0.1)
+    kept = y[y != 0].float()
+    torch.testing.assert_close(kept.mean(), torch.tensor(1 / 0.9).to(torch.bfloat16).float())
+    torch.manual_seed(0)
+    assert torch.equal(y, F.dropout(x, 0.1))  # torch's own draws

@@ -366,7 +366,7 @@ def sdpa_attention(
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and T == 1:  # one new query (a cached decoding step): its bottom-right causal row allows every key
         is_causal = False
-    if dropout_p > 0.0 and q.dtype in (torch.float32, torch.float64) and uses_packed_masks(q):
+    if dropout_p > 0.0 and uses_packed_masks(q):
         # torch's CPU SDPA has no fused kernel with dropout: its math path, with a mask a third as costly
         return dropout_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), dropout_p, scale)
     if mask is None and (not is_causal or T == S):

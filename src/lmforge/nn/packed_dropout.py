@@ -24,7 +24,7 @@ The draws come from torch's default CPU generator (or the one passed), so a seed
 that restores the generator's state draws the same ones; ``random_`` is serial on a CPU, so the masks do not depend
 on the thread count. Under ``torch.compile`` the words come from ``torch.randint_like`` (the same numbers, no graph
 break; ``--compile`` keeps inductor on the eager random stream), so compiled and eager training draw the same masks.
-On other devices (whose own dropout kernels are fast) and for attention in other dtypes than fp32/fp64, everything
+On other devices (whose own dropout kernels are fast) and in other dtypes than fp32/fp64 (bf16 autocast), everything
 falls back to PyTorch's own dropout, whose random stream differs from this one.
 """
 
@@ -98,8 +98,10 @@ def scaled_keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch
 
 
 def uses_packed_masks(x: Tensor) -> bool:
-    """Whether ``dropout`` draws its own mask for ``x`` (a CPU tensor)."""
-    return x.device.type == "cpu"
+    """Whether ``dropout`` draws its own mask for ``x``: an fp32 or fp64 CPU tensor. (In bf16 or fp16 the scale
+    1 / (1 - p) stored in the mask would be rounded, e.g. 1/0.9 to 1.109 in bf16, a bias of every kept element;
+    torch's dropout scales in fp32 arithmetic.)"""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
 
 
 class _PackedDropout(torch.autograd.Function):
