@@ -84,6 +84,7 @@ def project_rows(x: Tensor, weight: Tensor) -> Tensor:
         (..., V).
     """
     if (x.dim() != 2 or x.shape[0] > MAX_ROWS or x.shape[0] == 0 or x.device.type != "cpu"
+            or weight.dim() != 2 or x.shape[1] != weight.shape[1]
             or x.dtype != weight.dtype or not x.is_floating_point() or torch.compiler.is_compiling()
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight)

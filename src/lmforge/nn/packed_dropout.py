@@ -68,7 +68,8 @@ def _check(p: float) -> None:
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
               generator: torch.Generator | None = None) -> Tensor:
-    """A bool mask of ``shape``, True (kept) with probability 1 - p (p rounded to a multiple of 2^-32).
+    """A bool mask of ``shape``, True (kept) with probability 1 - p (p rounded to a multiple of 2^-32): the draws of
+    ``scaled_keep_mask`` with the same arguments.
 
     Args:
         shape: the mask's shape.
@@ -76,11 +77,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
         device: where to draw it.
         generator: the random generator (default: torch's default for the device).
     """
-    _check(p)
-    n = math.prod(shape)
-    if p == 0.0 or p == 1.0 or n == 0:
-        return torch.full(tuple(shape), p < 1.0, dtype=torch.bool, device=device)
-    return (_lanes(n, device, generator) >= _threshold(p)[0]).view(tuple(shape))
+    return scaled_keep_mask(shape, p, torch.float32, device, generator) > 0
 
 
 def scaled_keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype,
@@ -225,6 +222,8 @@ def dropout_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: f
         if torch.compiler.is_compiling() or not bool(valid.all()):  # compiled: no host sync, the product fuses
             rows = B * H // heads
             row_valid = valid.to(q.dtype).expand(rows, heads, T, 1).reshape(B * H, T, 1)
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be a positive number of (batch x head) rows; got {chunk}")
     chunk = _attention_chunk(B * H, T, S, heads, q.element_size()) if chunk is None else chunk
     out = _DropoutAttention.apply(q.reshape(B * H, T, Dh), k.reshape(B * H, S, Dh), v.reshape(B * H, S, Dh),
                                   bias, row_valid, p, scale, heads, chunk)
