@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.feedforward import ACTIVATIONS
+from lmforge.nn.tied_embedding import tied_linear
 
 __all__ = [
     "BertPreTrainingHeads",
@@ -98,7 +99,7 @@ class MaskedLMHead(nn.Module):
             (..., V) vocabulary logits.
         """
         h = self.norm(self.activation(self.dense(hidden)))  # (..., E)
-        return F.linear(h, self.weight, self.bias)  # (..., V)
+        return tied_linear(h, self.weight, self.bias)  # (..., V)
 
     def extra_repr(self) -> str:
         V, E = self.weight.shape
@@ -310,7 +311,7 @@ class SpanBoundaryHead(nn.Module):
         x = torch.cat([hidden[rows, left], hidden[rows, right], self.position(offset)], dim=-1)  # (N, 3D)
         h = self.norm1(F.gelu(self.fc1(x)))  # (N, D)
         y = self.norm2(F.gelu(self.fc2(h)))  # (N, E)
-        return F.linear(y, self.weight, self.bias)  # (N, V)
+        return tied_linear(y, self.weight, self.bias)  # (N, V)
 
 
 class SpanBertHeads(nn.Module):

@@ -40,6 +40,7 @@ from lmforge.nn import (
 from lmforge.nn.few_rows import project_rows
 from lmforge.nn.init import normal_init
 from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.tied_embedding import embed_tokens
 
 __all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
 
@@ -241,7 +242,7 @@ class Decoder(PretrainedMixin, nn.Module):
                 "position_ids cannot be given with positional='rotary': rotary positions are relative and offset by "
                 "the cache length (left padding shifts a whole row, which leaves rotary scores unchanged)")
 
-        x = self.token_embedding(input_ids)  # (B, T, D)
+        x = embed_tokens(self.token_embedding, input_ids)  # (B, T, D)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
         if self.position_embedding is not None:

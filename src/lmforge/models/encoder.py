@@ -36,6 +36,7 @@ from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.packing import Packing
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
+from lmforge.nn.tied_embedding import embed_tokens
 
 __all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "build_encoder_layers", "init_bert_weights"]
 
@@ -111,7 +112,7 @@ class EncoderEmbeddings(nn.Module):
         Returns:
             (B, T, D) embeddings.
         """
-        x = self.tokens(input_ids)  # (B, T, E)
+        x = embed_tokens(self.tokens, input_ids)  # (B, T, E)
         if self.segments is None:
             pass  # DistilBERT: no segment embedding
         elif token_type_ids is None:

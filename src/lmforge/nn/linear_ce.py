@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.nn.tied_embedding import find_tied_lookup, hand_over
+
 IGNORE = -100
 CHUNK_ROWS = 512  # the most rows per chunk (and the chunk on GPUs): (512, V) fp32 scores, 16 MB at V = 8,000
 MIN_CHUNK_ROWS = 64
@@ -81,8 +83,8 @@ def _argmax_hits(scores: Tensor, picked: Tensor, target: Tensor, valid: Tensor) 
 
 def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ignore_index: int,
              grad_hidden: Tensor | None, grad_weight: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The loss sum and correct count; fills ``grad_hidden`` (N, D) and adds into ``grad_weight`` (V, D, fp32)
-    the gradient of the loss sum when they are given.
+    """The loss sum and correct count; fills ``grad_hidden`` (N, D) and ``grad_weight`` (V, D, fp32; its contents
+    are overwritten) with the gradient of the loss sum when they are given.
 
     Under autocast the weight and the states are cast to its dtype ONCE here (autocast would cast them again for
     every product of every chunk) and the products run with autocast off. In training, per chunk the (C, V) scores
@@ -136,34 +138,61 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
                 else:
                     rows.copy_(p @ weight_c)
             if grad_weight is not None:
-                if grad_weight.dtype == p.dtype:
-                    grad_weight.addmm_(p.t(), h)  # (V, D) accumulated by the GEMM itself: no (V, D) temporary
-                else:  # bf16 products into the fp32 sum
+                if grad_weight.dtype == p.dtype:  # (V, D) written, then accumulated, by the GEMM: no temporary
+                    if start == 0:
+                        torch.mm(p.t(), h, out=grad_weight)
+                    else:
+                        grad_weight.addmm_(p.t(), h)
+                elif start == 0:  # bf16 products into the fp32 sum
+                    grad_weight.copy_(p.t() @ h)
+                else:
                     grad_weight += (p.t() @ h).to(grad_weight.dtype)
+    if grad_weight is not None and hidden.shape[0] == 0:
+        grad_weight.zero_()  # no rows: the (uninitialised) sum is zero
     return loss, correct
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
+    """Gradients computed in forward (``_chunked``) and kept on ``ctx``; backward scales them by the incoming
+    scalar IN PLACE and hands them over (no second (V, D) tensor). A second backward through the same graph
+    (``retain_graph=True``) finds them handed over and computes them again from the saved inputs."""
+
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int,  # type: ignore[override]
                 ignore_index: int) -> tuple[Tensor, Tensor]:
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                  device=weight.device) \
-            if ctx.needs_input_grad[1] else None
+        grad_hidden, grad_weight = _gradient_buffers(hidden, weight, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         loss, correct = _chunked(hidden, weight, labels, chunk_rows, ignore_index, grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
-        ctx.save_for_backward(grad_hidden if grad_hidden is not None else hidden.new_empty(0),
-                              grad_weight if grad_weight is not None else weight.new_empty(0))
+        ctx.save_for_backward(hidden, weight, labels)
+        ctx.chunk_rows, ctx.ignore_index = chunk_rows, ignore_index
+        ctx.grads = (grad_hidden, grad_weight)
+        ctx.lookup = find_tied_lookup(hidden, weight) if grad_weight is not None else None  # a tied embedding
         ctx.mark_non_differentiable(correct)
         return loss, correct
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_correct: Tensor):  # type: ignore[override]
-        grad_hidden, grad_weight = ctx.saved_tensors
-        dh = grad_hidden * grad_loss.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
-        dw = (grad_weight * grad_loss).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        hidden, weight, labels = ctx.saved_tensors
+        grads, ctx.grads = ctx.grads, None  # handed over: the graph keeps no reference to them
+        if grads is None:  # a second backward (retain_graph=True): the first one scaled and handed them over
+            grads = _gradient_buffers(hidden, weight, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+            _chunked(hidden, weight, labels, ctx.chunk_rows, ctx.ignore_index, *grads)
+        grad_hidden, grad_weight = grads
+        dh = dw = None
+        if grad_hidden is not None:
+            dh = grad_hidden.mul_(grad_loss.to(grad_hidden.dtype))
+        if grad_weight is not None:
+            dw = grad_weight.mul_(grad_loss).to(weight.dtype)  # fp32 sums; cast once for a bf16 weight
+            dw = hand_over(ctx.lookup, dw)  # to a tied token embedding's look-up, which adds its rows
         return dh, dw, None, None, None
+
+
+def _gradient_buffers(hidden: Tensor, weight: Tensor, want_hidden: bool,
+                      want_weight: bool) -> tuple[Tensor | None, Tensor | None]:
+    """Uninitialised (N, D) and (V, D, fp32 or wider) gradient tensors for ``_chunked`` to fill."""
+    grad_hidden = torch.empty_like(hidden) if want_hidden else None
+    grad_weight = torch.empty(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+                              device=weight.device) if want_weight else None
+    return grad_hidden, grad_weight
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, ignore_index: int = IGNORE,
