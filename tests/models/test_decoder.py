@@ -342,3 +342,50 @@ def test_additive_mask_is_rejected():
     additive[0, :2] = -10000.0  # the Hugging Face-internal polarity, passed by mistake
     with pytest.raises(LmforgeError, match="values other than 0 and 1"):
         _model()(_ids(20, B, T), attention_mask=additive)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_last_only_equals_the_full_pass_at_the_last_position(positional, norm_first):
+    torch.manual_seed(0)
+    model = Decoder(_config(positional=positional, norm_first=norm_first)).eval()
+    ids = torch.randint(0, V, (B, T))
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    mask[2, :T - 1] = 0  # one real token
+    full = model(ids, attention_mask=mask)
+    last = model(ids, attention_mask=mask, last_only=True)
+    assert last.last_hidden_state.shape == (B, 1, D) and last.logits.shape == (B, 1, V)
+    torch.testing.assert_close(last.last_hidden_state, full.last_hidden_state[:, -1:], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last.logits, full.logits[:, -1:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last.pooled_output, full.last_hidden_state[:, -1], rtol=1e-5, atol=1e-6)
+    # with hidden states the pass is the full one, sliced at the end; the states keep every position
+    both = model(ids, attention_mask=mask, last_only=True, output_hidden_states=True)
+    assert both.hidden_states[-1].shape == (B, T, D)
+    torch.testing.assert_close(both.last_hidden_state, full.last_hidden_state[:, -1:], rtol=1e-5, atol=1e-6)
+
+
+def test_last_only_computes_the_last_layer_at_one_position():
+    torch.manual_seed(0)
+    model = Decoder(_config()).eval()
+    seen = []
+    model.layers[-1].ffn.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape))
+    model.layers[0].ffn.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0].shape))
+    model(torch.randint(0, V, (B, T)), last_only=True)
+    assert seen == [(B, T, D), (B, 1, D)]
+    with pytest.raises(LmforgeError, match="last_only"):
+        model.layers[-1](torch.randn(B, T, D), causal=False, last_only=True)
+
+
+def test_generation_without_cache_reads_the_last_layer_at_one_position():
+    from lmforge.generation import generate
+
+    torch.manual_seed(0)
+    model = Decoder(_config()).eval()
+    rows = []
+    model.layers[-1].ffn.register_forward_hook(lambda module, inputs, output: rows.append(inputs[0].shape[1]))
+    ids = torch.randint(0, V, (2, 5))
+    a = generate(model, ids, torch.ones_like(ids), max_new_tokens=4, use_cache=False)
+    assert set(rows) == {1}
+    b = generate(model, ids, torch.ones_like(ids), max_new_tokens=4, use_cache=True)
+    assert a.sequences == b.sequences

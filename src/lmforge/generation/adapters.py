@@ -42,6 +42,7 @@ the defaults of ``prepare`` and ``context``). ``adapter_for`` picks one for a mo
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -158,6 +159,8 @@ class DecoderAdapter(ModelAdapter):
         self.model = model
         self.use_cache = use_cache
         self.max_length = model.config.max_seq_len
+        # only the last position is read: a model that can, computes its last layer there alone
+        self._last_only = {"last_only": True} if _accepts(model, "last_only") else {}
 
     def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
         check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
@@ -210,8 +213,16 @@ class DecoderAdapter(ModelAdapter):
 
     def _last_logits(self, ids: Tensor, mask: Tensor | None, cache: Any) -> Tensor:
         # Only the last position's scores are needed: skip the (B, T, V) projection of the others.
-        out = self.model(ids, attention_mask=mask, cache=cache, return_logits=False)
+        out = self.model(ids, attention_mask=mask, cache=cache, return_logits=False, **self._last_only)
         return self.model.lm_logits(out.last_hidden_state[:, -1])  # (B, V)
+
+
+def _accepts(model: nn.Module, name: str) -> bool:
+    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature cannot be read)."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def left_pad(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -201,6 +201,7 @@ class Decoder(PretrainedMixin, nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool | Sequence[int] = False,
         return_logits: bool = True,
+        last_only: bool = False,
     ) -> DecoderOutput:
         """Run the T new tokens through the model, attending to the cached positions too.
 
@@ -216,6 +217,11 @@ class Decoder(PretrainedMixin, nn.Module):
             output_attentions: True (all layers) or layer indices whose attention weights to capture; those layers
                 run the math path so the weights are exactly those used.
             return_logits: False skips the vocabulary projection (logits None).
+            last_only: return the last position only (logits (B, 1, V), last_hidden_state (B, 1, D); the pooled output
+                is then position T - 1 in every row, the last real token under left padding, as in generation).
+                Without a cache, hidden states, attention weights or rotary positions, the last layer computes
+                that position alone (``DecoderLayer(last_only=True)``): the same values, a sixth less work for a
+                six-layer model; otherwise the full pass is sliced.
 
         Returns:
             DecoderOutput(logits (B, T, V), last_hidden_state (B, T, D), cache, hidden_states, attentions).
@@ -252,9 +258,15 @@ class Decoder(PretrainedMixin, nn.Module):
         capture = select_layers(output_attentions, len(self.layers))  # a bool is never an index
         hidden_states: list[Tensor] | None = [] if output_hidden_states else None
         attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        n = len(self.layers)
+        last_layer_alone = (last_only and cache is None and hidden_states is None and attentions is None
+                            and self.rotary is None)
         for i, layer in enumerate(self.layers):
             if hidden_states is not None:
                 hidden_states.append(x)
+            if last_layer_alone and i == n - 1:
+                x = layer(x, attention_mask=attention_mask, causal=True, last_only=True).hidden  # (B, 1, D)
+                break
             out = layer(x, attention_mask=attention_mask, causal=True,
                         cache=None if cache is None else cache.layers[i], need_weights=i in capture)
             x = out.hidden  # (B, T, D)
@@ -264,6 +276,9 @@ class Decoder(PretrainedMixin, nn.Module):
             x = self.final_norm(x)
         if hidden_states is not None:
             hidden_states.append(x)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D); already so when the last layer computed it alone
+            last = None
         logits = self.lm_logits(x) if return_logits else None  # (B, T, V)
         pooled = x[:, -1] if last is None else x[torch.arange(B, device=x.device), last]  # (B, D)
         return DecoderOutput(logits, x, cache,

@@ -288,6 +288,7 @@ class DecoderLayer(nn.Module):
         causal: bool = True,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        last_only: bool = False,
     ) -> LayerOutput:
         """
         Args:
@@ -299,10 +300,14 @@ class DecoderLayer(nn.Module):
             causal: mask future positions in the self-attention.
             cache: a LayerCache to read and extend (incremental decoding).
             need_weights: also return attention weights.
+            last_only: compute the output at the last position only (causal self-attention without a cache,
+                cross-attention, weights or rotary positions): its query attends to every position's keys and
+                values as in the full layer (the last causal row allows them all), and nothing else is computed
+                for the other positions (a last layer read only at its last position, as in generation).
 
         Returns:
-            LayerOutput(hidden (B, T, D), self weights (B, H, T, T_keys) or None, cross weights (B, H, T, S) or
-            None, cache).
+            LayerOutput(hidden (B, T, D), or (B, 1, D) with ``last_only``; self weights (B, H, T, T_keys) or None,
+            cross weights (B, H, T, S) or None, cache).
         """
         if (memory is None) != (self.cross_attn is None):
             raise LmforgeError(
@@ -313,8 +318,16 @@ class DecoderLayer(nn.Module):
         post = not self.norm_first
 
         h = x if post else self.self_attn_norm(x)
-        a = self.self_attn(h, attention_mask=attention_mask, causal=causal, cache=self_cache,
-                           need_weights=need_weights)
+        if last_only:  # keys and values from every position (the module's own projections), the query from one
+            if (not causal or cache is not None or self.cross_attn is not None or need_weights
+                    or self.self_attn.rotary is not None):
+                raise LmforgeError("last_only takes causal self-attention without a cache, cross-attention, "
+                                   "weights or rotary positions")
+            a = self.self_attn(h[:, -1:], h, attention_mask=attention_mask)
+            x = x[:, -1:]  # (B, 1, D)
+        else:
+            a = self.self_attn(h, attention_mask=attention_mask, causal=causal, cache=self_cache,
+                               need_weights=need_weights)
         x = x + self.dropout(a.output)  # (B, T, D)
         x = self.self_attn_norm(x) if post else x
 
