@@ -20,34 +20,17 @@ sums are fp32.
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lmforge.nn.tied_embedding import find_tied_lookup, hand_over
+from lmforge.utils.hardware import last_level_cache_bytes
 
 IGNORE = -100
 CHUNK_ROWS = 512  # the most rows per chunk (and the chunk on GPUs): (512, V) fp32 scores, 16 MB at V = 8,000
 MIN_CHUNK_ROWS = 64
 CACHE_SHARE = 0.75  # the share of the last-level cache one chunk's (rows, V) fp32 scores may fill on a CPU
-FALLBACK_CACHE_BYTES = 16 * 2**20  # where the cache size cannot be read (not Linux)
-
-
-@functools.lru_cache(maxsize=1)
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache of cpu0 as Linux reports it (sysfs), else ``FALLBACK_CACHE_BYTES``."""
-    best = 0
-    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = size_file.read_text(encoding="ascii").strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            best = max(best, int(text.rstrip("KMG")) * scale)
-        except (OSError, ValueError):
-            continue
-    return best or FALLBACK_CACHE_BYTES
 
 
 def auto_chunk_rows(vocab: int, dim: int, device_type: str) -> int:

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.nn.linear_ce import last_level_cache_bytes
+from lmforge.utils.hardware import last_level_cache_bytes
 
 __all__ = ["Dropout", "dropout", "dropout_attention", "keep_mask", "scaled_keep_mask", "uses_packed_masks"]
 

@@ -70,10 +70,9 @@ def cpu_bf16_hint() -> str | None:
     Without AVX512_BF16 or AMX, oneDNN emulates bf16 matmuls: on an AVX2-only EPYC we measured a (4096 x 256) @
     (256 x 1024) matmul at 359 ms in bf16 against 48 ms in fp32.
     """
-    import torch
+    from lmforge.utils.hardware import native_cpu_bf16
 
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if not all(callable(check) for check in checks) or any(check() for check in checks):
+    if native_cpu_bf16() is not False:  # has it, or torch cannot tell
         return None
     return ("precision=bf16 on a CPU without AVX512_BF16 or AMX: bf16 matmuls are emulated and several times "
             "slower than fp32 here; use precision=fp32 on this machine")

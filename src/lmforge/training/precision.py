@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lmforge.utils.hardware import native_cpu_bf16
+
 MIN_SPEEDUP = 1.3  # bf16 matmul speed-up below which "auto" keeps fp32 (the casts and norms eat the rest)
 
 
@@ -31,14 +33,6 @@ class PrecisionChoice:
 
     precision: str  # "fp32" or "bf16"
     reason: str
-
-
-def native_cpu_bf16() -> bool | None:
-    """True when the CPU has AVX512_BF16 or AMX tiles, False when it has neither, None when torch cannot tell."""
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if not all(callable(check) for check in checks):
-        return None
-    return any(check() for check in checks)
 
 
 def matmul_speedup(d_model: int, d_ff: int, *, rows: int = 2048, repeats: int = 5) -> tuple[float, float, float]:

@@ -1,0 +1,37 @@
+"""Facts about the CPU this process runs on, read once: the last-level cache size and native bf16 arithmetic.
+
+Kept here, below every model module, so that the kernels that size their chunks to the cache
+(``lmforge.nn.linear_ce``, ``lmforge.nn.packed_dropout``) and the training code that picks a precision
+(``lmforge.training.precision``, ``lmforge.training.logging``) read the same facts the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+FALLBACK_CACHE_BYTES = 16 * 2**20  # where the cache size cannot be read (not Linux)
+
+
+@functools.lru_cache(maxsize=1)
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache of cpu0 as Linux reports it (sysfs), else ``FALLBACK_CACHE_BYTES``."""
+    best = 0
+    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = size_file.read_text(encoding="ascii").strip().upper()
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return best or FALLBACK_CACHE_BYTES
+
+
+def native_cpu_bf16() -> bool | None:
+    """True when the CPU has AVX512_BF16 or AMX tiles, False when it has neither, None when torch cannot tell."""
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if not all(callable(check) for check in checks):
+        return None
+    return any(check() for check in checks)
