@@ -29,13 +29,25 @@ def _library(folder, name: str):
     return path
 
 
-def test_no_allocator_hint_when_no_allocator_is_installed(tmp_path, monkeypatch, linux_without_preload):
+def test_without_an_allocator_installed_the_hint_is_glibcs_own_settings(tmp_path, monkeypatch, linux_without_preload):
     """issue 23: every training command suggested LD_PRELOAD=...libtcmalloc.so.4 where that file does not exist."""
     monkeypatch.setattr(run_logging, "ALLOCATOR_DIRS", (str(tmp_path / "lib"), str(tmp_path / "usr" / "*")))
     _library(tmp_path / "lib", "libc.so.6")
     (tmp_path / "usr" / "x86_64-linux-gnu").mkdir(parents=True)
     (tmp_path / "lib" / "libtcmalloc.so.4").mkdir()  # a folder of that name is no library
     assert find_allocator() is None
+    monkeypatch.setattr(run_logging.platform, "libc_ver", lambda: ("glibc", "2.36"))
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    hint = allocator_hint()  # glibc's own reuse settings instead, naming no file
+    assert "LD_PRELOAD" not in hint and run_logging.GLIBC_REUSE in hint
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    assert allocator_hint() is None  # tuned already
+    monkeypatch.delenv("MALLOC_MMAP_MAX_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_max=0")
+    assert allocator_hint() is None
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setattr(run_logging.platform, "libc_ver", lambda: ("", ""))  # musl: no such settings
     assert allocator_hint() is None
 
 
