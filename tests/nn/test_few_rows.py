@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.nn import few_rows
-from lmforge.nn.few_rows import FORMS, project_rows
+from lmforge.nn.few_rows import FORMS, MAX_ROWS, project_rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 16])
@@ -49,3 +49,22 @@ def test_training_batches_and_other_shapes_take_f_linear(monkeypatch):
         project_rows(torch.randn(17, 8), weight)  # more than MAX_ROWS rows
         project_rows(torch.randn(2, 3, 8), weight)  # not (rows, D)
     assert few_rows._CHOICE == {}
+
+
+def test_out_receives_the_plain_product_and_few_rows_keep_their_own_tensor():
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 24, generator=g)
+    many = torch.randn(MAX_ROWS + 3, 24, generator=g)
+    out = torch.full((MAX_ROWS + 3, 300), float("nan"))
+    with torch.no_grad():
+        got = project_rows(many, weight, out=out)
+        assert got.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(got, F.linear(many, weight), rtol=1e-5, atol=1e-5)
+        few = torch.randn(3, 24, generator=g)
+        buffer = torch.zeros(3, 300)
+        torch.testing.assert_close(project_rows(few, weight, out=buffer), F.linear(few, weight), rtol=1e-5,
+                                   atol=1e-5)
+        wrong = torch.zeros(MAX_ROWS + 3, 299)  # a buffer of another shape is not used
+        assert project_rows(many, weight, out=wrong).data_ptr() != wrong.data_ptr()
+    many.requires_grad_()
+    assert project_rows(many, weight, out=out).requires_grad  # with autograd: F.linear, never out=

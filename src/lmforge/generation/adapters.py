@@ -151,6 +151,9 @@ class DecoderAdapter(ModelAdapter):
     Any padding layout is accepted and re-packed to left padding (the real tokens of a row moved to its end, in
     order): the incremental decoder appends every new token at the same column for all rows, so that is the
     layout it needs. Position ids skip the padding, so a padded row generates what it would alone.
+
+    The scores of each step are written into one buffer the adapter keeps (a step's scores are valid until the next
+    ``step``): ``generate`` makes an adapter per call; one passed in by the caller serves one generation at a time.
     """
 
     input_name = "prompt"
@@ -161,6 +164,10 @@ class DecoderAdapter(ModelAdapter):
         self.max_length = model.config.max_seq_len
         # only the last position is read: a model that can, computes its last layer there alone
         self._last_only = {"last_only": True} if _accepts(model, "last_only") else {}
+        # one (rows, V) buffer for every step's scores, where the model can write into one (the searches read a
+        # step's scores before asking for the next step's, and copy what they keep)
+        self._writes_into = _accepts_method(model, "lm_logits", "out")
+        self._scores: Tensor | None = None
 
     def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
         check_prompts(input_ids, attention_mask, self.input_name, self.max_length)
@@ -214,13 +221,29 @@ class DecoderAdapter(ModelAdapter):
     def _last_logits(self, ids: Tensor, mask: Tensor | None, cache: Any) -> Tensor:
         # Only the last position's scores are needed: skip the (B, T, V) projection of the others.
         out = self.model(ids, attention_mask=mask, cache=cache, return_logits=False, **self._last_only)
-        return self.model.lm_logits(out.last_hidden_state[:, -1])  # (B, V)
+        hidden = out.last_hidden_state[:, -1]  # (B, D)
+        if not self._writes_into:
+            return self.model.lm_logits(hidden)  # (B, V)
+        V = self.model.output_weight.shape[0]
+        if (self._scores is None or self._scores.shape[0] < hidden.shape[0] or self._scores.shape[1] != V
+                or self._scores.dtype != hidden.dtype or self._scores.device != hidden.device):
+            self._scores = hidden.new_empty((hidden.shape[0], V))
+        return self.model.lm_logits(hidden, out=self._scores[:hidden.shape[0]])  # (B, V)
 
 
 def _accepts(model: nn.Module, name: str) -> bool:
     """Whether ``model``'s forward takes the keyword ``name`` (False where its signature cannot be read)."""
     try:
         return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _accepts_method(model: nn.Module, method: str, name: str) -> bool:
+    """Whether ``model.<method>`` takes the keyword ``name``."""
+    fn = getattr(model, method, None)
+    try:
+        return fn is not None and name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 

@@ -181,16 +181,18 @@ class Decoder(PretrainedMixin, nn.Module):
         """An empty cache with one LayerCache per layer."""
         return DecoderCache(len(self.layers))
 
-    def lm_logits(self, hidden: Tensor) -> Tensor:
+    def lm_logits(self, hidden: Tensor, out: Tensor | None = None) -> Tensor:
         """Project hidden states to vocabulary scores, e.g. only the last position during generation.
 
         Args:
             hidden: (..., D), e.g. ``last_hidden_state[:, -1]``.
+            out: an (N, V) buffer the scores of an (N, D) ``hidden`` may be written into, without gradients
+                (``lmforge.nn.few_rows.project_rows``); the returned tensor is then that buffer or a new one.
 
         Returns:
             (..., V).
         """
-        return project_rows(hidden, self.output_weight)  # (..., V); F.linear, faster for a decoding step's rows
+        return project_rows(hidden, self.output_weight, out=out)  # (..., V); F.linear, faster for a step's rows
 
     def forward(
         self,

@@ -73,19 +73,26 @@ def _choose(x: Tensor, weight: Tensor) -> str:
     return choice
 
 
-def project_rows(x: Tensor, weight: Tensor) -> Tensor:
+def project_rows(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight)`` for (..., D) states and a (V, D) weight, faster for a few rows on a CPU at inference.
 
     Args:
         x: (..., D).
         weight: (V, D).
+        out: (N, V) for a 2-D ``x`` of N rows, without gradients: where the plain product is taken, it is written
+            there (a decoding loop reuses one buffer instead of a fresh (N, V) tensor per step, which glibc maps
+            afresh); the few-row forms return their own small tensor. None: a new tensor.
 
     Returns:
-        (..., V).
+        (..., V): ``out`` itself, or a new tensor.
     """
+    grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.dim() != 2 or x.shape[0] > MAX_ROWS or x.shape[0] == 0 or x.device.type != "cpu"
             or weight.dim() != 2 or x.shape[1] != weight.shape[1]
-            or x.dtype != weight.dtype or not x.is_floating_point() or torch.compiler.is_compiling()
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+            or x.dtype != weight.dtype or not x.is_floating_point() or torch.compiler.is_compiling() or grad):
+        if (out is not None and not grad and x.dim() == 2 and weight.dim() == 2
+                and out.shape == (x.shape[0], weight.shape[0]) and out.dtype == x.dtype == weight.dtype
+                and out.device == x.device and not torch.compiler.is_compiling()):
+            return torch.mm(x, weight.t(), out=out)  # (N, V), what F.linear computes
         return F.linear(x, weight)
     return FORMS[_choose(x, weight)](x, weight)
