@@ -163,10 +163,10 @@ class DecoderAdapter(ModelAdapter):
         self.use_cache = use_cache
         self.max_length = model.config.max_seq_len
         # only the last position is read: a model that can, computes its last layer there alone
-        self._last_only = {"last_only": True} if _accepts(model, "last_only") else {}
+        self._last_only = {"last_only": True} if _accepts(model.forward, "last_only") else {}
         # one (rows, V) buffer for every step's scores, where the model can write into one (the searches read a
         # step's scores before asking for the next step's, and copy what they keep)
-        self._writes_into = _accepts_method(model, "lm_logits", "out")
+        self._writes_into = _accepts(getattr(model, "lm_logits", None), "out")
         self._scores: Tensor | None = None
 
     def prepare(self, input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int) -> tuple[Tensor, Tensor, int]:
@@ -224,26 +224,27 @@ class DecoderAdapter(ModelAdapter):
         hidden = out.last_hidden_state[:, -1]  # (B, D)
         if not self._writes_into:
             return self.model.lm_logits(hidden)  # (B, V)
-        V = self.model.output_weight.shape[0]
-        if (self._scores is None or self._scores.shape[0] < hidden.shape[0] or self._scores.shape[1] != V
-                or self._scores.dtype != hidden.dtype or self._scores.device != hidden.device):
-            self._scores = hidden.new_empty((hidden.shape[0], V))
+        self._scores = scratch_rows(self._scores, hidden.shape[0], self.model.output_weight.shape[0], hidden)
         return self.model.lm_logits(hidden, out=self._scores[:hidden.shape[0]])  # (B, V)
 
 
-def _accepts(model: nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature cannot be read)."""
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
+def scratch_rows(buffer: Tensor | None, rows: int, cols: int, like: Tensor) -> Tensor:
+    """``buffer`` when its first ``rows`` rows can hold a (rows, cols) tensor of ``like``'s dtype and device, else
+    a new (rows, cols) one: a decoding loop reuses one buffer across steps (rows leave, never join) instead of a
+    fresh tensor per step, which glibc malloc maps afresh (its pages fault in again)."""
+    if (buffer is None or buffer.shape[0] < rows or buffer.shape[1:] != (cols,) or buffer.dtype != like.dtype
+            or buffer.device != like.device):
+        return like.new_empty((rows, cols))
+    return buffer
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """Whether the callable ``fn`` takes the keyword ``name`` (False for None, or where its signature cannot be
+    read)."""
+    if fn is None:
         return False
-
-
-def _accepts_method(model: nn.Module, method: str, name: str) -> bool:
-    """Whether ``model.<method>`` takes the keyword ``name``."""
-    fn = getattr(model, method, None)
     try:
-        return fn is not None and name in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 

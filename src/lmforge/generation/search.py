@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.generation.adapters import GenerationAdapter, adapter_for
+from lmforge.generation.adapters import GenerationAdapter, adapter_for, scratch_rows
 from lmforge.generation.config import GenerationConfig, GenerationOutput, length_penalty
 from lmforge.generation.processors import LogitsProcessor, apply_processors, build_processors, build_warpers
 
@@ -169,15 +169,6 @@ def row_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, columns.gather(1, where)
 
 
-def _buffer_for(buffer: Tensor | None, like: Tensor) -> Tensor:
-    """``buffer`` when its first rows can hold a tensor shaped, typed and placed as ``like`` (N, V); else a new one.
-    The searches write each step's log-probabilities into one such buffer (rows leave, never join)."""
-    if (buffer is None or buffer.shape[1:] != like.shape[1:] or buffer.shape[0] < like.shape[0]
-            or buffer.dtype != like.dtype or buffer.device != like.device):
-        return torch.empty_like(like)
-    return buffer
-
-
 def _expand(index: Tensor, *tensors: Tensor) -> list[Tensor]:
     return [t.index_select(0, index) for t in tensors]
 
@@ -232,7 +223,7 @@ def greedy_or_sample(
     for step in range(max_new_tokens):
         if processors:
             logits = apply_processors(processors, logits, context, context_mask)
-        logp_buffer = _buffer_for(logp_buffer, logits)
+        logp_buffer = scratch_rows(logp_buffer, *logits.shape, logits)
         logp = torch.log_softmax(logits, dim=-1, out=logp_buffer[:logits.shape[0]])  # (N, V), see beam_search
         if processors:
             blocked = torch.isneginf(logits).all(dim=-1)  # (N,) rows with every token forbidden
@@ -335,7 +326,7 @@ def beam_search(
             logits = apply_processors(processors, logits, full, full_mask)
         # into one buffer kept across steps: a fresh (A k, V) tensor every step is, under glibc malloc, a fresh
         # mapping whose pages fault in again (measured: log_softmax 1.8x slower that way at batch 8 x 4 beams)
-        logp_buffer = _buffer_for(logp_buffer, logits)
+        logp_buffer = scratch_rows(logp_buffer, *logits.shape, logits)
         logp = torch.log_softmax(logits, dim=-1, out=logp_buffer[:logits.shape[0]])  # (A k, V)
         if processors:  # a row whose tokens are all forbidden has log_softmax NaN; it has no candidate
             logp = logp.masked_fill(torch.isneginf(logits).all(dim=-1, keepdim=True), NEG_INF)

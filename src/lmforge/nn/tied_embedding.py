@@ -19,7 +19,7 @@ the used rows (tested), and autograd's hooks (DDP's reducer, ``register_hook``) 
 gradient.
 
 Projections that hand over: ``lmforge.nn.linear_ce`` (the chunked LM loss) and ``tied_linear`` (``F.linear``, used
-by the MLM and ELECTRA generator heads).
+by the MLM head, which ELECTRA's generator shares, and SpanBERT's boundary head).
 """
 
 from __future__ import annotations
