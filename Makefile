@@ -26,7 +26,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
-	$(PY) -m lmforge.demo --out runs/demo
+	$(PY) -m lmforge demo --out runs/demo
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check src tests benchmarks

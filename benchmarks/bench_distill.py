@@ -50,8 +50,8 @@ SPLIT_SEED = 0
 def stage_data(work: Path, teacher: Path) -> Path:
     from types import SimpleNamespace
 
-    from lmforge.compare import CompareConfig, load_labelled
     from lmforge.data.readers import stratified_split
+    from lmforge.recipes.compare import CompareConfig, load_labelled
 
     shards = work / "shards"
     if (shards / "manifest.json").is_file() or any(shards.glob("*.json")):
@@ -92,7 +92,7 @@ def stage_distill(work: Path, teacher: Path, shards: Path, args: argparse.Namesp
 
 
 def stage_undistilled(work: Path, teacher: Path) -> Path:
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
     from lmforge.recipes.distill import student_from_teacher
 
     out = work / "undistilled"
@@ -174,7 +174,7 @@ def stage_ner(work: Path, sources: dict[str, Path], args: argparse.Namespace) ->
 
 
 def stage_latency(sources: dict[str, Path], repeats: int) -> dict[str, Any]:
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     models = {key: load_backbone(sources[key]).model.eval() for key in ("teacher", "distilled")}
     out: dict[str, Any] = {}
@@ -241,7 +241,7 @@ def main() -> None:
         save()
     if "undistilled" in stages:
         stage_undistilled(work, teacher)
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     result["parameters"] = {key: sum(p.numel() for p in load_backbone(sources[key]).model.parameters())
                             for key in MODELS if (Path(sources[key]) / "config.json").is_file()}

@@ -56,8 +56,8 @@ from common import fmt, machine_description, markdown_table, print_machine, repr
 from lmforge.data.readers import TaggedSentence
 from lmforge.embeddings.contextual import embed_words
 from lmforge.embeddings.io import load_word2vec
-from lmforge.models.pretrained import load_backbone
 from lmforge.nn.scalar_mix import ScalarMix
+from lmforge.persistence import load_backbone
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

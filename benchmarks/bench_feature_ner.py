@@ -51,8 +51,8 @@ from lmforge.data.readers import TaggedSentence, random_split, read_conll
 from lmforge.data.schemes import tags_to_spans
 from lmforge.embeddings.contextual import embed_words
 from lmforge.metrics.entities import entity_scores
-from lmforge.models.pretrained import load_backbone
 from lmforge.nn.rnn import StackedRNN
+from lmforge.persistence import load_backbone
 
 HERE = Path(__file__).resolve().parent
 SPLIT_SEED = 0

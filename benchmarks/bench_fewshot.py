@@ -118,7 +118,7 @@ def main() -> None:
 
     import torch
 
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
     from lmforge.prompting import FewShotConfig, fewshot_evaluate
 
     torch.manual_seed(0)

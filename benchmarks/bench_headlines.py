@@ -122,7 +122,7 @@ def main() -> int:
     from lmforge.data.sentences import split_sentences
     from lmforge.data.seq2seq import bbc_headlines, featurize_pairs, headline_split
     from lmforge.metrics import rouge_scores
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
     from lmforge.recipes.seq2seq import (
         DecodeConfig,
         Seq2SeqDataConfig,

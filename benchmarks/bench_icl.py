@@ -189,7 +189,7 @@ def stage_train(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- evaluation
 def load_models(work: Path, seed: int):
     """(trained model, untrained model of the same config, tokenizer)."""
-    from lmforge.models.pretrained import build_backbone, load_pretrained
+    from lmforge.persistence import build_backbone, load_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
 
     loaded = load_pretrained(work / "model")

@@ -41,7 +41,7 @@ def build_classifier(minilm: Path, out: Path) -> Path:
 
     from lmforge.config import TaskConfig
     from lmforge.heads import TaskModel, build_head
-    from lmforge.models.pretrained import load_backbone, save_pretrained
+    from lmforge.persistence import load_backbone, save_pretrained
     from lmforge.tasks.sequence import SequenceTask
 
     loaded = load_backbone(minilm)

@@ -77,8 +77,8 @@ def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Split, vocabulary, shards of the training and of the test articles; returns the paths and counts."""
     from types import SimpleNamespace
 
-    from lmforge.compare import CompareConfig, load_labelled
     from lmforge.data.readers import stratified_split
+    from lmforge.recipes.compare import CompareConfig, load_labelled
     from lmforge.tokenizers import WordPieceTrainer
 
     done = work / "data.json"
@@ -233,7 +233,7 @@ def eval_txl(model, x: torch.Tensor, y: torch.Tensor, seq_len: int, mem: int) ->
 
 
 def stage_eval(work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     path = work / "eval.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
@@ -263,7 +263,7 @@ def stage_eval(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 def describe_models(work: Path) -> dict[str, Any]:
     """Parameters (all, and without the token and absolute position embeddings: GPT's table has max_seq_len rows
     however few its training blocks use) and the settings that differ."""
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     out: dict[str, Any] = {}
     for key in MODELS:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="a BERT model folder (default: the MiniLM checkpoint of lmforge[data])")
     args = p.parse_args(argv)
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     if args.model is None:
         from lmforge.data.corpora import minilm_dir

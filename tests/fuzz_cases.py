@@ -83,7 +83,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
 
     from lmforge.config import ModelConfig, model_config_from_preset
     from lmforge.models import Decoder, EncoderDecoder
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
     from tests.toy_tasks import (
         CITIES,
@@ -114,7 +114,7 @@ def build_fixtures(root: Path) -> dict[str, Path]:
     tokenizer = WordPieceTokenizer(vocab())
     torch.manual_seed(0)
     gpt = ModelConfig(arch="decoder", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
-                      max_seq_len=32, dropout=0.0, attention_dropout=0.0, norm_first=True, type_vocab_size=0)
+                      max_seq_len=32, dropout=0.0, attention_dropout=0.0, norm_first=True)
     fx["gpt"] = save_pretrained(Decoder(gpt), root / "gpt", tokenizer=tokenizer)
     torch.manual_seed(0)
     bart = model_config_from_preset("bart-tiny", vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_layers=1,

@@ -59,12 +59,16 @@ def test_the_command_line_offers_exactly_the_names():
 
 
 def test_recurrent_families_are_the_registry_s_and_are_validated_as_rnns():
-    from lmforge.config import ModelConfig
+    from lmforge.config import ModelConfig, family_class
     from lmforge.errors import LmforgeError
     from lmforge.models import architectures_with
 
-    assert architectures_with("recurrent") == list(choices.RECURRENT_ARCHITECTURES)
-    for arch in choices.RECURRENT_ARCHITECTURES:  # the Transformer fields do not apply: no n_heads to please
+    recurrent = architectures_with("recurrent")
+    assert recurrent == ["rnn", "rnn_seq2seq", "elmo"]
+    # every recurrent family is configured as a non-Transformer (and so are ELMo's biLM and the AWD-LSTM)
+    assert [a for a in choices.ARCHITECTURES if not family_class(a).transformer] == [
+        "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm"]
+    for arch in recurrent:  # the Transformer fields do not apply: no n_heads to please
         ModelConfig(arch=arch, vocab_size=99, d_model=12, n_heads=7, d_ff=0, max_seq_len=16)
     with pytest.raises(LmforgeError, match="d_model=12 is not divisible by n_heads=7"):
         ModelConfig(arch="encoder", vocab_size=99, d_model=12, n_heads=7, max_seq_len=16)

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from lmforge.cli import main
-from lmforge.compare import compare_config, learning_curve_figure, subset
 from lmforge.errors import LmforgeError
+from lmforge.recipes.compare import compare_config, learning_curve_figure, subset
 from tests.toy_tasks import write_sequence
 
 CONFIG = """
@@ -113,7 +113,7 @@ def _small_config(tmp_path, max_length: int = 16) -> str:
 
 
 def test_an_interrupted_comparison_resumes_without_repeating_finished_runs(tmp_path, monkeypatch):
-    import lmforge.compare as compare
+    import lmforge.recipes.compare.run as compare  # where run_compare looks up its steps
 
     real, calls = compare.run_one, []
 
@@ -145,7 +145,7 @@ def test_an_interrupted_comparison_resumes_without_repeating_finished_runs(tmp_p
 def test_a_failing_step_is_named_and_finished_runs_are_kept(tmp_path, monkeypatch, capsys):
     """Issue 23: a diverged word2vec surfaced later as "the loss is nan" on some classifier; now each step of the
     comparison (vectors, pretraining, every approach x size x seed) names itself in the error."""
-    import lmforge.compare as compare
+    import lmforge.recipes.compare.run as compare  # where run_compare looks up its steps
 
     def diverging_vectors(kind, *args, **kwargs):
         raise LmforgeError("word2vec diverged: the loss became nan in epoch 1 (learning rate 0.02)")
@@ -222,7 +222,7 @@ train = {{ schedule = "cosine" }}
 
 
 def test_a_model_pretrained_by_the_comparison_is_built_once_timed_and_reused_on_resume(tmp_path, monkeypatch):
-    import lmforge.compare as compare
+    import lmforge.recipes.compare.run as compare  # where run_compare looks up its steps
 
     data = write_sequence(tmp_path / "data.csv", 32, 0)
     config = tmp_path / "compare.toml"
@@ -319,8 +319,8 @@ min_steps = 2
 
 
 def test_static_vectors_fall_back_to_the_fast_mode_without_the_compiled_loop(tmp_path, monkeypatch, caplog):
-    from lmforge.compare import train_static_vectors
     from lmforge.embeddings import sgns
+    from lmforge.recipes.compare import train_static_vectors
 
     monkeypatch.setattr(sgns, "_library", lambda: None)
     sentences = [[f"w{(7 * i + j) % 300}" for j in range(8)] for i in range(400)]  # rare words: subsampling keeps them

@@ -2,7 +2,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lmforge.choices import NON_TRANSFORMER_ARCHITECTURES
 from lmforge.config import (
     PRESETS,
     ModelConfig,
@@ -26,7 +25,7 @@ class RunConfig:
 def test_every_preset_builds_and_round_trips():
     for name in PRESETS:
         config = model_config_from_preset(name, vocab_size=99)
-        if config.arch not in NON_TRANSFORMER_ARCHITECTURES:  # an RNN has no heads to divide d_model between
+        if config.transformer:  # an RNN has no heads to divide d_model between
             assert config.d_model % config.n_heads == 0
         assert from_dict(ModelConfig, to_dict(config)) == config
 
@@ -55,7 +54,7 @@ def test_strict_loading_and_overrides(tmp_path):
     values = apply_overrides(load_toml(path), ["model.n_layers=2", "--lr=3e-4", "name=other"])
     run = from_dict(RunConfig, values)
     assert (run.name, run.steps, run.lr, run.model.d_model, run.model.n_layers) == ("other", 5, 3e-4, 64, 2)
-    with pytest.raises(LmforgeError, match=r"unknown key\(s\) 'd_mdl'; valid keys are arch"):
+    with pytest.raises(LmforgeError, match=r"unknown key\(s\) 'd_mdl'; valid keys for arch encoder are arch"):
         from_dict(RunConfig, apply_overrides(values, ["model.d_mdl=3"]))
     with pytest.raises(LmforgeError, match="config.steps: expected an integer"):
         from_dict(RunConfig, {"steps": "ten"})

@@ -1,7 +1,7 @@
 """The package's layers: a module may import only from its own layer or the layers below it.
 
 Every ``import`` of an lmforge module is checked, at the top of a file or inside a function alike (a lazy import
-is still a dependency). The order, lowest first (README, "Architecture"):
+is still a dependency). The order, lowest first, is the README's ("Where things live"; a test holds them equal):
 """
 
 from __future__ import annotations
@@ -16,28 +16,28 @@ SRC = Path(lmforge.__file__).parent
 
 # Lowest first. A module belongs to the first entry that names it or one of its packages.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "choices", "config", "utils")),
+    ("base: configs, errors, utilities, the model-folder format", ("errors", "choices", "config", "utils")),
     ("leaves: text, tokens, scores (torch-light)", ("data", "tokenizers", "metrics")),
     ("blocks", ("nn",)),
-    ("models and checkpoint formats", ("models", "interop")),
+    ("checkpoint formats: Hugging Face key maps and configs", ("interop",)),
+    ("models", ("models",)),
     ("heads", ("heads",)),
     ("objectives and tasks", ("objectives", "tasks")),
-    ("persistence: model folders, task-model rebuild", ("models.pretrained",)),
+    # the deprecated lmforge.models.pretrained is a shim of this layer (it resolves names through the package root)
+    ("persistence: any model folder, task-model rebuild, Hugging Face dispatch", ("persistence", "models.pretrained")),
     ("using models: decoding, embeddings, pictures, prompting", ("generation", "embeddings", "viz", "prompting")),
     ("training", ("training",)),
-    ("recipes: what a user runs", ("recipes", "compare", "demo")),
+    ("recipes: what a user runs", ("recipes",)),
     ("pipelines", ("pipelines",)),
     ("serving", ("serve",)),
-    ("command line", ("commands", "cli", "__main__")),
+    # compare and demo at the root are shims kept for one release (the deprecated ``lmforge.compare``, the old
+    # ``python -m lmforge.demo``): entry points for users, which nothing in the package may import
+    ("command line", ("commands", "cli", "__main__", "compare", "demo")),
 ]
 
 # Imports that go up today, each waiting for its part of the layering work; the test fails when one disappears
 # too, so that this list only shrinks.
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # lmforge.models re-exports save_pretrained / load_pretrained lazily; persistence still lives in models/ and
-    # should become a package of its own above heads (issue 15, part 2)
-    ("models", "models.pretrained"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> int:
@@ -118,3 +118,69 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     (fake / "nn" / "blocks.py").write_text("def f():\n    from lmforge.training.trainer import Trainer\n")
     monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
     assert upward_imports() == {("nn.blocks", "training.trainer")}
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def package_cycles() -> list[list[str]]:
+    """Import circles among the top-level packages (``models`` -> ``heads`` -> ``models``), found by depth-first
+    search over the graph of package-to-package imports."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        importer = module_name(path)
+        if not importer:
+            continue
+        for imported in lmforge_imports(path):
+            a, b = package_of(importer), package_of(imported)
+            if a != b:
+                graph.setdefault(a, set()).add(b)
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_no_import_circle_among_packages():
+    assert package_cycles() == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
+    fake = tmp_path / "lmforge"
+    for package, body in (("models", "from lmforge.heads import base\n"), ("heads", "from lmforge.models import x\n")):
+        (fake / package).mkdir(parents=True)
+        (fake / package / "__init__.py").write_text("")
+        (fake / package / "base.py").write_text(body)
+        (fake / package / "x.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert package_cycles() == [["heads", "models", "heads"]]
+
+
+def test_the_readme_states_the_same_order():
+    """The README's layer diagram (top first) names every layer's packages in the order of LAYERS (lowest first)."""
+    readme = (SRC.parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Where things live", 1)[1].split("```", 2)[1].splitlines()
+    row_of = {}
+    for row, line in enumerate(block):
+        for word in line.replace(",", " ").replace("(", " ").split():
+            name = word.rstrip("/").removesuffix(".py")
+            if word.endswith(("/", ".py")) and "/" not in name:
+                row_of.setdefault(name, row)
+    rows = []
+    for title, names in LAYERS:
+        shown = [row_of[n] for n in names if n in row_of]
+        assert shown, f"the README's diagram does not name layer {title!r} ({', '.join(names)})"
+        rows.append(min(shown))
+    assert rows == sorted(rows, reverse=True), "the README lists the layers in another order than LAYERS"

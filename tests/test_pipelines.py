@@ -60,7 +60,7 @@ def test_question_answering_returns_a_span_of_the_context(finetuned):
 
 def test_feature_extraction_equals_embed_texts(tiny_encoder_dir):
     from lmforge.embeddings.contextual import embed_texts
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     fe = lmforge.pipeline("feature-extraction", model=tiny_encoder_dir, layers="-2,-1", combine="concat")
     vectors = fe(["alice lives in paris", "bob"])
@@ -73,7 +73,7 @@ def test_feature_extraction_equals_embed_texts(tiny_encoder_dir):
 
 def test_fill_mask_ranks_the_mlm_head_logits(tiny_encoder_dir, tmp_path):
     from lmforge.heads import TaskModel, build_head
-    from lmforge.models.pretrained import load_backbone, save_pretrained
+    from lmforge.persistence import load_backbone, save_pretrained
 
     loaded = load_backbone(tiny_encoder_dir)
     torch.manual_seed(0)

@@ -31,7 +31,7 @@ def make_encoder_dir(path: Path, *, seed: int = 0, **overrides: object) -> Path:
 
     from lmforge.config import ModelConfig
     from lmforge.models import Encoder
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(vocab())
@@ -151,7 +151,7 @@ def make_decoder_dir(path: Path, *, seed: int = 0, **overrides: object) -> Path:
 
     from lmforge.config import ModelConfig
     from lmforge.models import Decoder
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(vocab())

@@ -7,17 +7,13 @@ offers them before any model code is imported.
 
 from __future__ import annotations
 
-# models (ModelConfig): implemented in lmforge.models, nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
+# models (ModelConfig; one config class per family in lmforge.config.families): implemented in lmforge.models,
+# nn.rnn.CELLS, nn.attention.SCORES / KERNELS,
 # nn.positional, nn.feedforward.ACTIVATIONS
 ARCHITECTURES = ("encoder", "decoder", "seq2seq", "seq2seq_encoder", "rnn", "rnn_seq2seq", "bilm", "elmo", "awd_lstm",
                  "xlnet")
-# the families sized by the RNN fields (rnn_cell, bidirectional, attention); the Transformer fields (n_heads, d_ff,
-# positional, activation, kernel) do not apply to them (lmforge.models: the ``recurrent`` capability)
-RECURRENT_ARCHITECTURES = ("rnn", "rnn_seq2seq", "elmo")
-# the families that are not Transformers (the Transformer fields do not apply): the recurrent ones, ELMo's biLM (always
-# a bidirectional LSTM with projections, sized by d_model, d_cell and n_layers) and the AWD-LSTM (an LSTM sized by
-# d_model, d_hidden and n_layers); rnn_cell / bidirectional / attention do not size these two
-NON_TRANSFORMER_ARCHITECTURES = (*RECURRENT_ARCHITECTURES, "bilm", "awd_lstm")
+# Which families are Transformers (sized by n_heads and d_ff) is said once, by each family's config class
+# (lmforge.config.families: ``transformer``); which are recurrent, by the models registry (``recurrent``).
 # the biLM's token layer (models.elmo): a character CNN over each token's bytes, or a token embedding table
 TOKEN_ENCODERS = ("chars", "embedding")
 RNN_CELLS = ("gru", "lstm")

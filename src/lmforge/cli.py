@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from lmforge import __version__
 from lmforge.commands import compare as compare_cmd
 from lmforge.commands import data as data_cmd
+from lmforge.commands import demo as demo_cmd
 from lmforge.commands import distill as distill_cmd
 from lmforge.commands import fewshot as fewshot_cmd
 from lmforge.commands import finetune as finetune_cmd
@@ -58,6 +59,8 @@ COMMANDS: dict[str, Command] = {
                       seq2seq_cmd.add_seq2seq_arguments, seq2seq_cmd.run_train_seq2seq),
     "compare": ("compare from-scratch, static-embedding and pretrained classifiers on one split (table + plot)",
                 compare_cmd.add_compare_arguments, compare_cmd.run_compare_command),
+    "demo": ("the whole story on the embedded BBC News corpus: tokenizers, pretraining, static vectors and the "
+             "comparison (make demo; replaces its --out)", demo_cmd.add_demo_arguments, demo_cmd.run_demo),
     "word2vec train": ("train Word2Vec (skip-gram or CBOW, negative sampling) on text files; word2vec-format output",
                        vectors_cmd.add_word2vec_arguments, vectors_cmd.run_word2vec_train),
     "glove train": ("train GloVe on text files; word2vec-format output", vectors_cmd.add_glove_arguments,

@@ -283,7 +283,7 @@ class FillMaskPipeline:
     """Top-k fillers of each ``[MASK]`` from the masked-LM head of a pretrained encoder."""
 
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, top_k: int = 5) -> None:
-        from lmforge.models.pretrained import load_pretrained
+        from lmforge.persistence import load_pretrained
 
         loaded = load_pretrained(model)
         if not loaded.head or loaded.head.get("type") not in ("pretraining", "mlm", "span"):
@@ -340,7 +340,7 @@ class FeatureExtractionPipeline:
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, layers: Any = (-1,),
                  combine: str = "mean", pooling: str | None = None, word_pooling: str | None = None) -> None:
         from lmforge.embeddings.contextual import WORD_POOLINGS, parse_layers
-        from lmforge.models.pretrained import load_backbone
+        from lmforge.persistence import load_backbone
 
         if word_pooling is not None and pooling is not None:
             raise LmforgeError("pooling and word_pooling exclude each other (vectors per text or token vs. per "

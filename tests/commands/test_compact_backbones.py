@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 from tests.conftest import FINETUNE_ARGS
 from tests.toy_tasks import make_encoder_dir, write_task_data
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_backbone, load_pretrained, save_pretrained
+from lmforge.persistence import load_backbone, load_pretrained, save_pretrained
 
 TINY = ["--model.n_layers=4", "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32",
         "--model.max_seq_len=32", "--train.log_every=1", "--train.eval_batches=1"]

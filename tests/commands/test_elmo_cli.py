@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 from tests.toy_tasks import write_task_data
 
 TINY = ["--model.n_layers=2", "--model.d_model=16", "--model.d_cell=32", "--model.n_highway=1",

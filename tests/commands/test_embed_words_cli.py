@@ -9,7 +9,7 @@ import lmforge
 from lmforge.cli import main
 from lmforge.embeddings.contextual import embed_texts, embed_words
 from lmforge.errors import LmforgeError
-from lmforge.models.pretrained import load_backbone
+from lmforge.persistence import load_backbone
 
 LINES = ["Alice lives in Paris.", "", "bob saw carol , later"]
 

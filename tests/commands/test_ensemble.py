@@ -93,7 +93,7 @@ def test_forward_and_backward_awd_lstm_classifiers(tmp_path):
 
     from lmforge.config import ModelConfig
     from lmforge.models.awd_lstm import AWDLSTM
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
     from tests.toy_tasks import vocab
 
@@ -103,7 +103,7 @@ def test_forward_and_backward_awd_lstm_classifiers(tmp_path):
     for name, reverse in (("fwd", False), ("bwd", True)):
         torch.manual_seed(0)
         config = ModelConfig(arch="awd_lstm", vocab_size=tokenizer.vocab_size, d_model=8, d_hidden=8, n_layers=1,
-                             bidirectional=False, reverse=reverse)
+                             reverse=reverse)
         save_pretrained(AWDLSTM(config), tmp_path / f"lm_{name}", tokenizer=tokenizer)
         finetune(tmp_path / f"lm_{name}", train, tmp_path / f"clf_{name}")
         assert load_pretrained(tmp_path / f"clf_{name}").model.backbone.config.reverse is reverse

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 from tests.toy_tasks import write_conll, write_sequence, write_squad, write_task_data
 
 METRICS = {"sequence": {"accuracy", "f1", "mcc"}, "pair": {"accuracy", "f1", "mcc"},

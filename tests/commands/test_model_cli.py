@@ -8,7 +8,7 @@ import torch
 
 from lmforge.cli import main
 from lmforge.embeddings import embed_texts
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers is the parity reference (dev extra)")
 

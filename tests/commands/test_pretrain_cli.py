@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model.n_layers=1", "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32",
@@ -142,7 +142,7 @@ def test_transformer_xl_run_evaluates_with_memory_resumes_and_loads(prepared, tm
     out = tmp_path / "run"
     args = ["pretrain", "--preset", "transformer-xl-tiny", "--objective", "txl", "--data", str(prepared / "data"),
             "--out", str(out), "--batch-size", "4", "--seq-len", "16", *TINY, "--model.mem_len=16",
-            "--data.variable_bptt=false", "--data.eval_mem_len=48", "--train.eval_batches=4"]
+            "--data.variable_bptt=false", "--loss.eval_mem_len=48", "--train.eval_batches=4"]
     code = main([*args, "--max-steps", "3"])
     assert code == 0, capsys.readouterr().err
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -157,13 +157,15 @@ def test_transformer_xl_run_evaluates_with_memory_resumes_and_loads(prepared, tm
     loaded = load_pretrained(out)
     assert (loaded.config.arch, loaded.config.attn_type, loaded.config.mem_len) == ("xlnet", "uni", 16)
     run_config = json.loads((out / "run_config.json").read_text())
-    assert run_config["data"]["objective"] == "txl" and run_config["data"]["eval_mem_len"] == 48
+    assert run_config["data"]["objective"] == "txl" and run_config["loss"]["eval_mem_len"] == 48
 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--model.attn_type=bi"], "needs attn_type='uni'"),
     (["--model.mem_len=0"], "mem_len=0 must be an integer"),
-    (["--data.eval_mem_len=0"], "eval_mem_len=0 must be an integer"),
+    (["--loss.eval_mem_len=0"], "eval_mem_len=0 must be an integer"),
+    (["--data.eval_mem_len=0"], "eval_mem_len=0 must be an integer"),  # the old place, moved with a warning
+    (["--loss.rtd_weight=1"], "unknown key(s) 'rtd_weight'; valid keys are eval_mem_len"),
 ])
 def test_bad_transformer_xl_options(prepared, tmp_path, capsys, extra, message):
     code = main(["pretrain", "--preset", "transformer-xl-tiny", "--objective", "txl", "--data",

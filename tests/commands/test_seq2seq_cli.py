@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 from tests.toy_tasks import CITIES, NAMES
 
 TINY = {"transformer-base": ["--model.d_model=16", "--model.n_heads=2", "--model.n_layers=1",

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 
 TINY = ["--model.d_model=16", "--model.d_hidden=24", "--model.n_layers=2", "--train.log_every=1",
         "--train.eval_batches=2"]

@@ -71,7 +71,7 @@ def test_bbc_headline_split_is_fixed_disjoint_and_per_topic(bbc_dir):
 def test_label_smoothing_matches_the_formula():
     torch.manual_seed(0)
     config = ModelConfig(arch="seq2seq", vocab_size=TOK.vocab_size, d_model=12, n_heads=2, n_layers=1, d_ff=37,
-                         max_seq_len=16, dropout=0.0, attention_dropout=0.0, type_vocab_size=0)
+                         max_seq_len=16, dropout=0.0, attention_dropout=0.0)
     model = EncoderDecoder(config)
     features, _, _ = featurize_pairs([Seq2SeqExample("alice lives in paris", "paris"),
                                       Seq2SeqExample("bob", "bob lives")], TOK, max_source_len=8, max_target_len=8)

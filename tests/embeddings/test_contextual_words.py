@@ -147,7 +147,7 @@ MONEY = ["I deposited my salary at the bank this morning.", "The bank approved o
 
 @pytest.mark.parametrize("layers", [[-1], [-4, -3, -2, -1]])
 def test_bank_has_one_static_vector_but_sense_dependent_contextual_vectors(minilm_dir, layers):
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     loaded = load_backbone(minilm_dir)
     model, tok = loaded.model, loaded.tokenizer

@@ -33,14 +33,14 @@ def _randomise(model: nn.Module, seed: int) -> nn.Module:
 
 def decoder(seed: int = 0, **overrides) -> Decoder:
     values = dict(arch="decoder", vocab_size=V, d_model=D, n_heads=H, n_layers=2, d_ff=F, max_seq_len=24,
-                  norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh", type_vocab_size=0)
+                  norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh")
     values.update(overrides)
     return _randomise(Decoder(ModelConfig(**values)).double().eval(), seed)
 
 
 def encoder_decoder(seed: int = 0, **overrides) -> EncoderDecoder:
     values = dict(arch="seq2seq", vocab_size=V, d_model=D, n_heads=H, n_layers=2, n_decoder_layers=2, d_ff=F,
-                  max_seq_len=24, positional="sinusoidal", activation="relu", type_vocab_size=0)
+                  max_seq_len=24, positional="sinusoidal", activation="relu")
     values.update(overrides)
     return _randomise(EncoderDecoder(ModelConfig(**values)).double().eval(), seed)
 

@@ -202,7 +202,7 @@ def bilm_run(tmp_path_factory):
 
 def test_lmforge_generate_continues_prompts_with_a_pretrained_bilm(bilm_run, tmp_path, capsys):
     from lmforge.cli import main
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
 
     capsys.readouterr()
     prompts = tmp_path / "prompts.txt"

@@ -17,8 +17,8 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.generation import generate
 from lmforge.models.decoder import Decoder
-from lmforge.models.pretrained import save_pretrained
 from lmforge.models.seq2seq import EncoderDecoder
+from lmforge.persistence import save_pretrained
 from lmforge.tokenizers import WordPieceTokenizer
 from tests.toy_tasks import vocab
 
@@ -61,7 +61,7 @@ def gpt_dir(tmp_path_factory) -> Path:
     tok = _tokenizer()
     torch.manual_seed(0)
     config = ModelConfig(arch="decoder", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=2, d_ff=32,
-                         max_seq_len=40, norm_first=True, type_vocab_size=0, dropout=0.0, attention_dropout=0.0)
+                         max_seq_len=40, norm_first=True, dropout=0.0, attention_dropout=0.0)
     path = tmp_path_factory.mktemp("gpt")
     save_pretrained(_peaked(Decoder(config)), path, tokenizer=tok)
     return path
@@ -72,7 +72,7 @@ def seq2seq_dir(tmp_path_factory) -> Path:
     tok = _tokenizer()
     torch.manual_seed(0)
     config = ModelConfig(arch="seq2seq", vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1, d_ff=32,
-                         max_seq_len=40, type_vocab_size=0, dropout=0.0, attention_dropout=0.0)
+                         max_seq_len=40, dropout=0.0, attention_dropout=0.0)
     path = tmp_path_factory.mktemp("s2s")
     save_pretrained(_peaked(EncoderDecoder(config)), path, tokenizer=tok)
     return path
@@ -86,7 +86,7 @@ def prompts_file(tmp_path) -> Path:
 
 
 def _expected_decoder_texts(model_dir: Path, **options) -> list[list[str]]:
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(model_dir)
     tok = loaded.tokenizer
@@ -140,7 +140,7 @@ def test_no_cache_gives_the_same_output(gpt_dir, prompts_file, capsys):
 
 
 def test_encoder_decoder_folder(seq2seq_dir, prompts_file, capsys):
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     code, out, err = _cli(["--model", str(seq2seq_dir), "--input", str(prompts_file), "--strategy", "beam",
                            "--max-new-tokens", "5"], capsys)
@@ -181,14 +181,14 @@ def test_bad_inputs(gpt_dir, tmp_path, capsys):
 def test_folder_without_vocab_is_a_clear_error(tmp_path, capsys):
     torch.manual_seed(0)
     config = ModelConfig(arch="decoder", vocab_size=50, d_model=8, n_heads=2, n_layers=1, max_seq_len=16,
-                         norm_first=True, type_vocab_size=0)
+                         norm_first=True)
     save_pretrained(Decoder(config), tmp_path / "m")
     code, _, err = _cli(["--model", str(tmp_path / "m"), "--prompt", "hi"], capsys)
     assert code == 2 and "no tokenizer" in err and "WordPiece vocab.txt" in err and "merges.txt" in err
 
 
 def test_stop_token_ends_the_text(gpt_dir, capsys):
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(gpt_dir)
     tok = loaded.tokenizer

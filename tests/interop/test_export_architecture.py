@@ -7,16 +7,12 @@ that the checkpoint "seems corrupted" / had weights newly initialised, and added
 from __future__ import annotations
 
 import io
-import json
 import logging
 
-import pytest
 import torch
 
-from lmforge.cli import main
-from lmforge.models.pretrained import load_pretrained
-
-transformers = pytest.importorskip("transformers")
+from lmforge.persistence import load_pretrained
+from tests.interop.parity import close, export_cli, transformers
 
 
 def _transformers_log(load):
@@ -36,13 +32,8 @@ def _transformers_log(load):
     return result, stream.getvalue()
 
 
-def _export(model_dir, out) -> dict:
-    assert main(["-q", "convert", "--to-hf", str(model_dir), "--out", str(out)]) == 0
-    return json.loads((out / "config.json").read_text())
-
-
 def test_bare_encoder_exports_as_bert_model_and_loads_without_warnings(tiny_encoder_dir, tmp_path):
-    config = _export(tiny_encoder_dir, tmp_path / "hf")
+    config = export_cli(tiny_encoder_dir, tmp_path / "hf")
     assert config["architectures"] == ["BertModel"]
     hf, warnings = _transformers_log(lambda: transformers.AutoModel.from_pretrained(
         str(tmp_path / "hf"), attn_implementation="eager"))
@@ -60,8 +51,8 @@ def test_bare_encoder_exports_as_bert_model_and_loads_without_warnings(tiny_enco
         mine = ours(ids, attention_mask=mask)
         theirs = hf(input_ids=ids, attention_mask=mask)
     real = mask.bool()
-    torch.testing.assert_close(theirs.last_hidden_state[real], mine.last_hidden_state[real], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(theirs.pooler_output, mine.pooled_output, rtol=1e-5, atol=1e-5)
+    close(theirs.last_hidden_state[real], mine.last_hidden_state[real], rtol=1e-5)
+    close(theirs.pooler_output, mine.pooled_output, rtol=1e-5)
 
 
 def test_encoder_with_pretraining_heads_still_exports_as_bert_for_pretraining(tiny_encoder_dir, tmp_path):
@@ -70,7 +61,7 @@ def test_encoder_with_pretraining_heads_still_exports_as_bert_for_pretraining(ti
     loaded = load_pretrained(tiny_encoder_dir)
     model = TaskModel(loaded.model, build_head({"type": "pretraining"}, loaded.config, loaded.model))
     model.save_pretrained(tmp_path / "pre", tokenizer=loaded.tokenizer)
-    config = _export(tmp_path / "pre", tmp_path / "hf")
+    config = export_cli(tmp_path / "pre", tmp_path / "hf")
     assert config["architectures"] == ["BertForPreTraining"]
     hf, warnings = _transformers_log(lambda: transformers.AutoModelForPreTraining.from_pretrained(
         str(tmp_path / "hf")))

@@ -21,12 +21,10 @@ from lmforge.interop.hf_bert import (
     state_dict_to_hf,
 )
 from lmforge.models.encoder import Encoder
+from tests.interop.parity import TOL, check_encoder, check_heads, close, hf_model, padded_batch, perturb, transformers
 
-transformers = pytest.importorskip("transformers")
-
-B, T, V = 3, 7, 99
-TOL = 1e-5
-RTOL = 1e-4  # float32 through 6 layers with another library's kernels: relative error grows with the magnitude
+V = 99
+PRETRAINING = {"mlm_logits": "prediction_logits", "nsp_logits": "seq_relationship_logits"}
 
 
 def hf_tiny_config(**overrides) -> transformers.BertConfig:
@@ -35,85 +33,50 @@ def hf_tiny_config(**overrides) -> transformers.BertConfig:
     return transformers.BertConfig(**{**values, **overrides})
 
 
-def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Random init leaves LayerNorms at 1/0 and biases at 0; shake every parameter so each one matters."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval()
-
-
 def batch(seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 5:] = 0
-    mask[2, 3:] = 0
-    return dict(input_ids=torch.randint(0, V, (B, T), generator=g),
-                token_type_ids=torch.randint(0, 3, (B, T), generator=g), attention_mask=mask)
+    return padded_batch(V, seed, segments=3)
 
 
-def ours_from_hf_pretraining(hf_model, kernel: str = "sdpa") -> TaskModel:
+def ours_pretraining(seed: int, **overrides) -> tuple[ModelConfig, TaskModel]:
+    cfg = ModelConfig(vocab_size=V, d_model=12, n_heads=3, n_layers=2, d_ff=37, max_seq_len=16, type_vocab_size=3,
+                      **overrides)
+    torch.manual_seed(0)
+    enc = Encoder(cfg)
+    return cfg, perturb(TaskModel(enc, BertPreTrainingHeads(cfg, enc.get_input_embeddings().weight)), seed)
+
+
+def ours_from_hf_pretraining(hf_model, kernel: str = "sdpa", *, partial: bool = False) -> TaskModel:
+    """Our pretraining model with ``hf_model``'s weights; ``partial``: a BertForMaskedLM's, which has no pooler and no
+    NSP classifier (those stay as initialised)."""
     cfg = config_from_hf(hf_model.config.to_dict())
     cfg.kernel = kernel
     enc_sd, heads_sd = state_dict_from_hf(hf_model.state_dict())
     enc = Encoder(cfg)
     heads = BertPreTrainingHeads(cfg, enc.get_input_embeddings().weight)
-    enc.load_state_dict(enc_sd)
-    heads.load_state_dict(heads_sd)
+    missing_enc = enc.load_state_dict(enc_sd, strict=not partial).missing_keys
+    missing_heads = heads.load_state_dict(heads_sd, strict=not partial).missing_keys
+    if partial:
+        assert set(missing_enc) == {"pooler.dense.weight", "pooler.dense.bias"}
+        assert set(missing_heads) == {"nsp.classifier.weight", "nsp.classifier.bias"}
     return TaskModel(enc, heads).eval()
-
-
-def ours_from_hf_pretraining_partial(hf_model) -> TaskModel:
-    cfg = config_from_hf(hf_model.config.to_dict())
-    enc_sd, heads_sd = state_dict_from_hf(hf_model.state_dict())
-    enc = Encoder(cfg)
-    heads = BertPreTrainingHeads(cfg, enc.get_input_embeddings().weight)
-    assert set(enc.load_state_dict(enc_sd, strict=False).missing_keys) == {"pooler.dense.weight", "pooler.dense.bias"}
-    missing = heads.load_state_dict(heads_sd, strict=False).missing_keys
-    assert set(missing) == {"nsp.classifier.weight", "nsp.classifier.bias"}
-    return TaskModel(enc, heads).eval()
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=RTOL, atol=TOL)
 
 
 # ---------------------------------------------------------------------------------------------- random weights
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
 @pytest.mark.parametrize("kernel", ["math", "sdpa"])
 def test_hf_pretraining_to_ours(act: str, kernel: str) -> None:
-    torch.manual_seed(0)
-    hf = perturb(transformers.BertForPreTraining(hf_tiny_config(hidden_act=act)), seed=1)
-    ours = ours_from_hf_pretraining(hf, kernel)
-    inputs = batch()
-    with torch.no_grad():
-        ref = hf(**inputs)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    real = inputs["attention_mask"].bool()
-    close(out.mlm_logits[real], ref.prediction_logits[real])
-    close(out.nsp_logits, ref.seq_relationship_logits)
+    hf = hf_model("BertForPreTraining", hf_tiny_config(hidden_act=act), seed=1)
+    check_heads(ours_from_hf_pretraining(hf, kernel), hf, batch(), PRETRAINING)
 
 
 def test_ours_to_hf_pretraining() -> None:
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=V, d_model=12, n_heads=3, n_layers=2, d_ff=37, max_seq_len=16, type_vocab_size=3,
-                      activation="gelu_tanh")
-    enc = Encoder(cfg)
-    ours = perturb(TaskModel(enc, BertPreTrainingHeads(cfg, enc.get_input_embeddings().weight)), seed=2)
+    cfg, ours = ours_pretraining(seed=2, activation="gelu_tanh")
     hf_dict = config_to_hf(cfg)
     assert hf_dict["model_type"] == "bert" and hf_dict["architectures"] == ["BertForPreTraining"]
     assert hf_dict["hidden_act"] == "gelu_new"
     hf = transformers.BertForPreTraining(transformers.BertConfig(**hf_dict, attn_implementation="eager"))
     hf.load_state_dict(state_dict_to_hf(ours.backbone.state_dict(), ours.head.state_dict()), strict=True)
-    hf.eval()
-    inputs = batch(seed=3)
-    with torch.no_grad():
-        ref = hf(**inputs)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    real = inputs["attention_mask"].bool()
-    close(out.mlm_logits[real], ref.prediction_logits[real])
-    close(out.nsp_logits, ref.seq_relationship_logits)
+    check_heads(ours, hf.eval(), batch(seed=3), PRETRAINING)
     # And back again: the same tensors under the same names.
     enc_sd, heads_sd = state_dict_from_hf(hf.state_dict())
     assert enc_sd.keys() == ours.backbone.state_dict().keys() and heads_sd.keys() == ours.head.state_dict().keys()
@@ -124,27 +87,17 @@ def test_ours_to_hf_pretraining() -> None:
 def test_save_pretrained_layout_loads_with_from_pretrained(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=V, d_model=12, n_heads=3, n_layers=2, d_ff=37, max_seq_len=16, type_vocab_size=3)
-    enc = Encoder(cfg)
-    ours = perturb(TaskModel(enc, BertPreTrainingHeads(cfg, enc.get_input_embeddings().weight)), seed=4)
+    cfg, ours = ours_pretraining(seed=4)
     hf_sd = state_dict_to_hf(ours.backbone.state_dict(), ours.head.state_dict(), include_tied=False)
     save_file({k: v.contiguous() for k, v in hf_sd.items()}, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(cfg)))
     assert is_hf_bert_dir(tmp_path)
     hf = transformers.BertForPreTraining.from_pretrained(str(tmp_path), attn_implementation="sdpa").eval()
-    inputs = batch(seed=5)
-    with torch.no_grad():
-        ref = hf(**inputs)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    real = inputs["attention_mask"].bool()
-    close(out.mlm_logits[real], ref.prediction_logits[real])
-    close(out.nsp_logits, ref.seq_relationship_logits)
+    check_heads(ours, hf, batch(seed=5), PRETRAINING)
 
 
 def test_bert_model_layout_round_trip() -> None:
-    torch.manual_seed(0)
-    hf = perturb(transformers.BertModel(hf_tiny_config()), seed=6)
+    hf = hf_model("BertModel", hf_tiny_config(), seed=6)
     hf_sd = hf.state_dict()
     enc_sd, heads_sd = state_dict_from_hf(hf_sd)
     assert heads_sd is None
@@ -154,29 +107,12 @@ def test_bert_model_layout_round_trip() -> None:
     back = state_dict_to_hf(enc.state_dict())
     assert back.keys() == hf_sd.keys()
     assert all(torch.equal(back[k], hf_sd[k]) for k in hf_sd)
-    inputs = batch(seed=7)
-    with torch.no_grad():
-        ref = hf(**inputs, output_hidden_states=True, output_attentions=True)
-        out = enc(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"], output_hidden_states=True,
-                  output_attentions=True)
-    real = inputs["attention_mask"].bool()
-    for ours_h, ref_h in zip(out.hidden_states, ref.hidden_states, strict=True):
-        close(ours_h[real], ref_h[real])
-    for ours_a, ref_a in zip(out.attentions, ref.attentions, strict=True):  # (B, H, T, T), real queries only
-        close(ours_a.transpose(1, 2)[real], ref_a.transpose(1, 2)[real])
-    close(out.pooled_output, ref.pooler_output)
+    check_encoder(enc, hf, batch(seed=7), attentions=True)
 
 
 def test_masked_lm_layout_has_no_pooler_and_no_nsp() -> None:
-    torch.manual_seed(0)
-    hf = perturb(transformers.BertForMaskedLM(hf_tiny_config()), seed=8)
-    ours = ours_from_hf_pretraining_partial(hf)
-    inputs = batch(seed=9)
-    with torch.no_grad():
-        ref = hf(**inputs)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    real = inputs["attention_mask"].bool()
-    close(out.mlm_logits[real], ref.logits[real])
+    hf = hf_model("BertForMaskedLM", hf_tiny_config(), seed=8)
+    check_heads(ours_from_hf_pretraining(hf, partial=True), hf, batch(seed=9), {"mlm_logits": "logits"})
 
 
 def test_tf_style_layer_norm_names_and_buffers_are_accepted() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,17 +10,14 @@ import torch
 from lmforge.cli import main
 from lmforge.config import PRESETS, ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.heads import build_head
-from lmforge.heads.base import TaskModel
 from lmforge.interop import hf_distilbert
 from lmforge.models.encoder import Encoder
-from lmforge.models.pretrained import load_pretrained, save_pretrained
+from lmforge.persistence import load_pretrained, save_pretrained
+from tests.interop import parity
 
-transformers = pytest.importorskip("transformers", reason="transformers is the parity reference (dev extra)")
-
-B, T, V = 3, 7, 61
-TOL = 1e-5
-RTOL = 1e-4
+transformers = parity.transformers
+V = 61
+MLM = {"mlm_logits": "logits"}
 
 
 def hf_tiny_config(**overrides) -> transformers.DistilBertConfig:
@@ -30,51 +26,18 @@ def hf_tiny_config(**overrides) -> transformers.DistilBertConfig:
     return transformers.DistilBertConfig(**{**values, **overrides})
 
 
-def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval()
-
-
 def batch(seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 5:] = 0
-    mask[2, 3:] = 0
-    return dict(input_ids=torch.randint(0, V, (B, T), generator=g), attention_mask=mask)
-
-
-def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=RTOL, atol=TOL)
+    return parity.padded_batch(V, seed)  # no segment embedding
 
 
 def check_backbone(ours: torch.nn.Module, hf: torch.nn.Module, inputs: dict) -> None:
-    with torch.no_grad():
-        ref = hf(**inputs, output_hidden_states=True)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], output_hidden_states=True)
-    real = inputs["attention_mask"].bool()
-    close(out.last_hidden_state[real], ref.last_hidden_state[real])
-    assert len(out.hidden_states) == len(ref.hidden_states)
-    for ours_h, ref_h in zip(out.hidden_states, ref.hidden_states, strict=True):
-        close(ours_h[real], ref_h[real])
-    close(out.pooled_output, ref.last_hidden_state[:, 0])  # no pooler: h_[CLS]
-
-
-def check_mlm(ours: TaskModel, hf: torch.nn.Module, inputs: dict) -> None:
-    with torch.no_grad():
-        ref = hf(**inputs)
-        out = ours(inputs["input_ids"], inputs["attention_mask"])
-    real = inputs["attention_mask"].bool()
-    close(out.mlm_logits[real], ref.logits[real])
+    parity.check_encoder(ours, hf, inputs, pooled="cls")  # no pooler: h_[CLS]
 
 
 # ---------------------------------------------------------------------------------------------- import
 @pytest.mark.parametrize("act", ["gelu", "relu"])
 def test_distilbert_for_masked_lm_loads_and_converts(tmp_path: Path, act: str) -> None:
-    torch.manual_seed(0)
-    hf = perturb(transformers.DistilBertForMaskedLM(hf_tiny_config(activation=act)), seed=1)
+    hf = parity.hf_model("DistilBertForMaskedLM", hf_tiny_config(activation=act), seed=1)
     hf.save_pretrained(tmp_path / "hf")
     inputs = batch()
 
@@ -82,19 +45,18 @@ def test_distilbert_for_masked_lm_loads_and_converts(tmp_path: Path, act: str) -
     assert loaded.head == {"type": "mlm"}
     cfg = loaded.config
     assert (cfg.type_vocab_size, cfg.pooler, cfg.layer_norm_eps, cfg.activation) == (0, False, 1e-12, act)
-    check_mlm(loaded.model, hf, inputs)
+    parity.check_heads(loaded.model, hf, inputs, MLM)
     check_backbone(loaded.model.backbone, hf.distilbert, inputs)
 
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    parity.import_cli(tmp_path / "hf", tmp_path / "ours")
     converted = load_pretrained(tmp_path / "ours")
     assert converted.config == loaded.config and converted.head == {"type": "mlm"}
-    check_mlm(converted.model, hf, inputs)
+    parity.check_heads(converted.model, hf, inputs, MLM)
     check_backbone(converted.model.backbone, hf.distilbert, inputs)
 
 
 def test_distilbert_model_loads_as_a_backbone(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    hf = perturb(transformers.DistilBertModel(hf_tiny_config()), seed=2)
+    hf = parity.hf_model("DistilBertModel", hf_tiny_config(), seed=2)
     hf.save_pretrained(tmp_path)
     loaded = load_pretrained(tmp_path)
     assert loaded.head is None and loaded.model.pooler is None and loaded.model.embeddings.segments is None
@@ -113,52 +75,39 @@ def test_sinusoidal_positions_import_as_their_stored_table(tmp_path: Path) -> No
 
 
 def test_old_layout_with_tied_projector_and_buffer(tmp_path: Path) -> None:
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    hf = perturb(transformers.DistilBertForMaskedLM(hf_tiny_config()), seed=5)
-    sd = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    hf = parity.hf_model("DistilBertForMaskedLM", hf_tiny_config(), seed=5)
+    sd = parity.save_old_layout(hf, tmp_path, {"distilbert.embeddings.position_ids": torch.arange(16)[None]},
+                         tie_weights_=True)
     assert hf_distilbert.TIED_DECODER_WEIGHT in sd
-    sd["distilbert.embeddings.position_ids"] = torch.arange(16)[None]
-    save_file(sd, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({**hf.config.to_dict(), "tie_weights_": True}))
-    check_mlm(load_pretrained(tmp_path).model, hf, batch(seed=6))
-    sd[hf_distilbert.TIED_DECODER_WEIGHT] = sd[hf_distilbert.TIED_DECODER_WEIGHT] + 1.0
-    with pytest.raises(LmforgeError, match="untied"):
-        hf_distilbert.state_dict_from_hf(sd)
+    parity.check_heads(load_pretrained(tmp_path).model, hf, batch(seed=6), MLM)
+    parity.check_untied_refused(hf_distilbert.state_dict_from_hf, sd, hf_distilbert.TIED_DECODER_WEIGHT)
 
 
 # ---------------------------------------------------------------------------------------------- export
 def ours_distilbert(head: str | None, seed: int):
     cfg = ModelConfig(vocab_size=V, d_model=12, n_heads=3, n_layers=2, d_ff=20, max_seq_len=16, type_vocab_size=0,
                       pooler=False)
-    torch.manual_seed(seed)
-    enc = Encoder(cfg)
-    model = enc if head is None else TaskModel(enc, build_head({"type": head}, cfg, enc))
-    return cfg, perturb(model, seed)
+    return cfg, parity.ours_encoder(cfg, head, seed)
 
 
 def test_export_mlm_as_distilbert_for_masked_lm(tmp_path: Path) -> None:
     cfg, ours = ours_distilbert("mlm", seed=7)
     save_pretrained(ours, tmp_path / "ours", config=cfg, head={"type": "mlm"})
-    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 0
-    hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    hf_cfg = parity.export_cli(tmp_path / "ours", tmp_path / "hf")
     assert hf_cfg["model_type"] == "distilbert" and hf_cfg["architectures"] == ["DistilBertForMaskedLM"]
     hf = transformers.DistilBertForMaskedLM.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
     inputs = batch(seed=8)
-    check_mlm(ours, hf, inputs)
+    parity.check_heads(ours, hf, inputs, MLM)
     check_backbone(ours.backbone, hf.distilbert, inputs)
     back = load_pretrained(tmp_path / "hf")
     assert back.config == cfg and back.head == {"type": "mlm"}
-    ours_sd, back_sd = ours.state_dict(), back.model.state_dict()
-    assert ours_sd.keys() == back_sd.keys() and all(torch.equal(ours_sd[k], back_sd[k]) for k in ours_sd)
+    parity.same_state(ours.state_dict(), back.model.state_dict())
 
 
 def test_export_backbone_as_distilbert_model(tmp_path: Path) -> None:
     cfg, ours = ours_distilbert(None, seed=9)
     save_pretrained(ours, tmp_path / "ours", config=cfg)
-    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 0
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["DistilBertModel"]
+    assert parity.export_cli(tmp_path / "ours", tmp_path / "hf")["architectures"] == ["DistilBertModel"]
     hf = transformers.DistilBertModel.from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
     check_backbone(ours, hf, batch(seed=10))
 
@@ -166,13 +115,9 @@ def test_export_backbone_as_distilbert_model(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- sizes
 def test_preset_parameter_count_matches_hugging_face() -> None:
     cfg = ModelConfig(**PRESETS["distilbert-base"])
-    hf_cfg = transformers.DistilBertConfig(**{k: v for k, v in hf_distilbert.config_to_hf(cfg).items()
-                                              if k not in ("architectures", "model_type")})
-    with torch.device("meta"):
-        ours = Encoder(cfg)
-        hf = transformers.DistilBertModel(hf_cfg)
-    n_ours = sum(p.numel() for p in ours.parameters())
-    assert n_ours == sum(p.numel() for p in hf.parameters())
+    hf_cfg = parity.hf_config_of("DistilBertConfig", hf_distilbert.config_to_hf(cfg))
+    n_ours, n_hf = parity.parameter_counts(lambda: Encoder(cfg), lambda: transformers.DistilBertModel(hf_cfg))
+    assert n_ours == n_hf
     assert abs(n_ours / 66e6 - 1) < 0.05  # Sanh et al. 2019, Table 3: 66M
 
 
@@ -204,11 +149,8 @@ def test_export_errors_name_the_option(tmp_path: Path, capsys) -> None:
         hf_distilbert.config_to_hf(ModelConfig(**base, type_vocab_size=0, pooler=False, embedding_size=8,
                                                share_layers="all"))
     # a pretraining head (NSP on a pooler) has no DistilBERT layout
-    cfg, _ = ours_distilbert(None, seed=11)
-    torch.manual_seed(0)
-    enc = Encoder(cfg)
-    save_pretrained(TaskModel(enc, build_head({"type": "pretraining"}, cfg, enc)), tmp_path / "pre", config=cfg,
-                    head={"type": "pretraining"})
+    cfg, pretraining = ours_distilbert("pretraining", seed=11)
+    save_pretrained(pretraining, tmp_path / "pre", config=cfg, head={"type": "pretraining"})
     assert main(["convert", "--to-hf", str(tmp_path / "pre"), "--out", str(tmp_path / "hf")]) != 0
     assert "'pretraining' head of a DistilBERT-layout encoder" in capsys.readouterr().err
     # no segment embedding but a pooler: no layout at all

@@ -4,13 +4,11 @@ discriminator) and ElectraForMaskedLM (the generator), an lmforge ELECTRA run as
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from lmforge.cli import main
 from lmforge.config import ModelConfig, model_config_from_preset
 from lmforge.errors import LmforgeError
 from lmforge.heads import build_head
@@ -18,13 +16,11 @@ from lmforge.heads.base import TaskModel
 from lmforge.heads.electra import generator_config
 from lmforge.interop import hf_electra
 from lmforge.models.encoder import Encoder
-from lmforge.models.pretrained import load_pretrained, save_pretrained
+from lmforge.persistence import load_pretrained, save_pretrained
+from tests.interop import parity
 
-transformers = pytest.importorskip("transformers", reason="transformers is the parity reference (dev extra)")
-
-B, T, V = 3, 7, 61
-TOL = 1e-5
-RTOL = 1e-4
+transformers = parity.transformers
+V = 61
 
 
 def hf_tiny_config(**overrides) -> transformers.ElectraConfig:
@@ -34,61 +30,26 @@ def hf_tiny_config(**overrides) -> transformers.ElectraConfig:
     return transformers.ElectraConfig(**{**values, **overrides})
 
 
-def perturb(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Random init leaves LayerNorms at 1/0 and biases at 0; shake every parameter so each one matters."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval()
-
-
 def batch(seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 5:] = 0
-    mask[2, 3:] = 0
-    return dict(input_ids=torch.randint(0, V, (B, T), generator=g),
-                token_type_ids=torch.randint(0, 2, (B, T), generator=g), attention_mask=mask)
+    return parity.padded_batch(V, seed, segments=2)
 
 
-def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=RTOL, atol=TOL)
-
-
-def check_backbone(ours: torch.nn.Module, hf_model: torch.nn.Module, inputs: dict) -> None:
-    """Same hidden states (every layer's) on the real tokens; no pooler on either side."""
-    with torch.no_grad():
-        ref = hf_model(**inputs, output_hidden_states=True)
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"], output_hidden_states=True)
-    real = inputs["attention_mask"].bool()
-    close(out.last_hidden_state[real], ref.last_hidden_state[real])
-    assert len(out.hidden_states) == len(ref.hidden_states)
-    for ours_h, ref_h in zip(out.hidden_states, ref.hidden_states, strict=True):
-        close(ours_h[real], ref_h[real])
-    close(out.pooled_output, ref.last_hidden_state[:, 0])  # pooler=False: h_[CLS]
+def check_backbone(ours: torch.nn.Module, hf: torch.nn.Module, inputs: dict) -> None:
+    parity.check_encoder(ours, hf, inputs, pooled="cls")  # pooler=False: h_[CLS]
 
 
 def check_head(ours: TaskModel, hf: torch.nn.Module, inputs: dict) -> None:
     """The discriminator's logits (B, T) or the generator's (B, T, V), on the real tokens."""
-    with torch.no_grad():
-        ref = hf(**inputs).logits
-        out = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-    real = inputs["attention_mask"].bool()
+    out, ref = parity.run_both(ours, hf, inputs)
     got = out.rtd_logits if hasattr(out, "rtd_logits") else out.mlm_logits
-    close(got[real], ref[real])
-
-
-def same_tensors(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+    mask = parity.real(inputs)
+    parity.close(got[mask], ref.logits[mask])
 
 
 # ---------------------------------------------------------------------------------------------- import
 @pytest.mark.parametrize(("cls", "head"), [("ElectraForPreTraining", "rtd"), ("ElectraForMaskedLM", "mlm")])
 def test_electra_with_a_head_loads_and_converts(tmp_path: Path, cls: str, head: str) -> None:
-    torch.manual_seed(0)
-    hf = perturb(getattr(transformers, cls)(hf_tiny_config()), seed=1)
+    hf = parity.hf_model(cls, hf_tiny_config(), seed=1)
     hf.save_pretrained(tmp_path / "hf")
     inputs = batch()
 
@@ -99,21 +60,19 @@ def test_electra_with_a_head_loads_and_converts(tmp_path: Path, cls: str, head: 
     check_backbone(loaded.model.backbone, hf.electra, inputs)
     assert (sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in hf.parameters()))
 
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    parity.import_cli(tmp_path / "hf", tmp_path / "ours")
     converted = load_pretrained(tmp_path / "ours")
     assert converted.config == loaded.config and converted.head == loaded.head
     check_head(converted.model, hf, inputs)
     # and back out: Hugging Face reads the export, with the same outputs
-    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
-    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == [cls]
+    assert parity.export_cli(tmp_path / "ours", tmp_path / "back")["architectures"] == [cls]
     again = getattr(transformers, cls).from_pretrained(str(tmp_path / "back"), attn_implementation="eager").eval()
     check_head(converted.model, again, inputs)
 
 
 def test_electra_model_without_projection_loads_as_a_backbone(tmp_path: Path) -> None:
     """E = hidden size: no embeddings_project in Hugging Face's model, no projection in ours."""
-    torch.manual_seed(0)
-    hf = perturb(transformers.ElectraModel(hf_tiny_config(embedding_size=12)), seed=2)
+    hf = parity.hf_model("ElectraModel", hf_tiny_config(embedding_size=12), seed=2)
     hf.save_pretrained(tmp_path)
     loaded = load_pretrained(tmp_path)
     assert loaded.head is None and loaded.config.embedding_size is None
@@ -123,29 +82,18 @@ def test_electra_model_without_projection_loads_as_a_backbone(tmp_path: Path) ->
 
 def test_old_layout_with_tied_copy_and_buffers(tmp_path: Path) -> None:
     """A state dict with the tied generator_lm_head.weight and the position_ids buffer loads; an untied one does not."""
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    hf = perturb(transformers.ElectraForMaskedLM(hf_tiny_config()), seed=4)
-    sd = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    hf = parity.hf_model("ElectraForMaskedLM", hf_tiny_config(), seed=4)
+    sd = parity.save_old_layout(hf, tmp_path, {"electra.embeddings.position_ids": torch.arange(16)[None]})
     assert hf_electra.TIED_DECODER_WEIGHT in sd
-    sd["electra.embeddings.position_ids"] = torch.arange(16)[None]
-    save_file(sd, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
     check_head(load_pretrained(tmp_path).model, hf, batch(seed=5))
-    sd[hf_electra.TIED_DECODER_WEIGHT] = sd[hf_electra.TIED_DECODER_WEIGHT] + 1.0
-    with pytest.raises(LmforgeError, match="untied"):
-        hf_electra.state_dict_from_hf(sd)
+    parity.check_untied_refused(hf_electra.state_dict_from_hf, sd, hf_electra.TIED_DECODER_WEIGHT)
 
 
 # ---------------------------------------------------------------------------------------------- export
 def ours_electra(head: str | None, embedding_size: int | None = 8, seed: int = 8, **overrides):
     cfg = ModelConfig(vocab_size=V, d_model=12, n_heads=3, n_layers=2, d_ff=20, max_seq_len=16,
                       embedding_size=embedding_size, pooler=False, generator_size=2 / 3, **overrides)
-    torch.manual_seed(seed)
-    enc = Encoder(cfg)
-    model = enc if head is None else TaskModel(enc, build_head({"type": head}, cfg, enc))
-    return cfg, perturb(model, seed)
+    return cfg, parity.ours_encoder(cfg, head, seed)
 
 
 @pytest.mark.parametrize(("head", "cls"), [(None, "ElectraModel"), ("rtd", "ElectraForPreTraining"),
@@ -153,8 +101,7 @@ def ours_electra(head: str | None, embedding_size: int | None = 8, seed: int = 8
 def test_export_and_back(tmp_path: Path, head: str | None, cls: str) -> None:
     cfg, ours = ours_electra(head, embedding_size=None if head == "mlm" else 8)  # E = D: no projection either side
     save_pretrained(ours, tmp_path / "ours", config=cfg, head=None if head is None else {"type": head})
-    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "hf")]) == 0
-    hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    hf_cfg = parity.export_cli(tmp_path / "ours", tmp_path / "hf")
     assert hf_cfg["model_type"] == "electra" and hf_cfg["architectures"] == [cls]
     hf = getattr(transformers, cls).from_pretrained(str(tmp_path / "hf"), attn_implementation="eager").eval()
     inputs = batch(seed=9)
@@ -165,12 +112,10 @@ def test_export_and_back(tmp_path: Path, head: str | None, cls: str) -> None:
         check_backbone(ours.backbone, hf.electra, inputs)
     back = load_pretrained(tmp_path / "hf")
     assert back.config == dataclasses.replace(cfg, generator_size=None)  # a pretraining-only setting
-    same_tensors(ours.state_dict(), back.model.state_dict())
+    parity.same_state(ours.state_dict(), back.model.state_dict())
     # the in-memory conversion is exact too, with the tied copy HF's own state dict has
     if head == "mlm":
-        enc = {k[len("backbone."):]: v for k, v in ours.state_dict().items() if k.startswith("backbone.")}
-        heads = {k[len("head."):]: v for k, v in ours.state_dict().items() if k.startswith("head.")}
-        hf.load_state_dict(hf_electra.state_dict_to_hf(enc, heads), strict=True)
+        hf.load_state_dict(hf_electra.state_dict_to_hf(*parity.split_task_state(ours.state_dict())), strict=True)
 
 
 def test_an_electra_run_is_both_hugging_face_models(tmp_path: Path) -> None:
@@ -179,13 +124,13 @@ def test_an_electra_run_is_both_hugging_face_models(tmp_path: Path) -> None:
     each gives our logits on the same input."""
     cfg, ours = ours_electra("electra")
     save_pretrained(ours, tmp_path / "run", config=cfg)
-    assert main(["convert", "--to-hf", str(tmp_path / "run"), "--out", str(tmp_path / "disc")]) == 0
+    parity.export_cli(tmp_path / "run", tmp_path / "disc")
     disc = transformers.ElectraForPreTraining.from_pretrained(str(tmp_path / "disc"), attn_implementation="eager")
     inputs = batch(seed=10)
-    real = inputs["attention_mask"].bool()
+    mask = parity.real(inputs)
     with torch.no_grad():
         states = ours.backbone(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-        close(ours.head.rtd(states.last_hidden_state)[real], disc.eval()(**inputs).logits[real])
+        parity.close(ours.head.rtd(states.last_hidden_state)[mask], disc.eval()(**inputs).logits[mask])
 
     gen_cfg = generator_config(cfg)
     assert (gen_cfg.d_model, gen_cfg.n_heads, gen_cfg.d_ff, gen_cfg.d_embedding) == (8, 2, 13, 8)
@@ -195,7 +140,13 @@ def test_an_electra_run_is_both_hugging_face_models(tmp_path: Path) -> None:
     gen.load_state_dict(hf_electra.state_dict_to_hf(enc, heads), strict=True)
     with torch.no_grad():
         hidden = ours.head.generator(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"])
-        close(ours.head.mlm(hidden.last_hidden_state)[real], gen(**inputs).logits[real])
+        parity.close(ours.head.mlm(hidden.last_hidden_state)[mask], gen(**inputs).logits[mask])
+
+
+def hf_electra_of(config: ModelConfig, cls: str) -> torch.nn.Module:
+    """An empty Hugging Face ``cls`` of the config lmforge's export writes for ``config``."""
+    return getattr(transformers, cls)(transformers.ElectraConfig(**hf_electra.config_to_hf(config, cls),
+                                                                 attn_implementation="eager"))
 
 
 def test_an_electra_training_step_equals_the_paper_over_hugging_face_models() -> None:
@@ -211,22 +162,19 @@ def test_an_electra_training_step_equals_the_paper_over_hugging_face_models() ->
     cfg, ours = ours_electra("electra", dropout=0.0, attention_dropout=0.0)  # both sides draw only the samples
     ours.train()
     state = ours.state_dict()
-    enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-    rtd = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.rtd.")}
-    disc = transformers.ElectraForPreTraining(transformers.ElectraConfig(
-        **hf_electra.config_to_hf(cfg, "ElectraForPreTraining"), attn_implementation="eager"))
-    disc.load_state_dict(hf_electra.state_dict_to_hf(enc, rtd), strict=True)
+    disc = hf_electra_of(cfg, "ElectraForPreTraining")
+    disc.load_state_dict(hf_electra.state_dict_to_hf(*parity.split_task_state(state, "rtd.")), strict=True)
     gen_enc, gen_heads = hf_electra.generator_state_dicts(state)
-    gen = transformers.ElectraForMaskedLM(transformers.ElectraConfig(
-        **hf_electra.config_to_hf(generator_config(cfg), "ElectraForMaskedLM"), attn_implementation="eager"))
+    gen = hf_electra_of(generator_config(cfg), "ElectraForMaskedLM")
     gen.load_state_dict(hf_electra.state_dict_to_hf(gen_enc, gen_heads), strict=True)
     gen.electra.embeddings = disc.electra.embeddings  # the paper's sharing
     gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
 
     inputs = batch(seed=11)
+    mask = parity.real(inputs)
     g = torch.Generator().manual_seed(12)
-    labels = torch.full((B, T), -100)
-    chosen = (torch.rand(B, T, generator=g) < 0.4) & inputs["attention_mask"].bool()
+    labels = torch.full(mask.shape, -100)
+    chosen = (torch.rand(mask.shape, generator=g) < 0.4) & mask
     chosen[0, 1] = True
     labels[chosen] = inputs["input_ids"][chosen]
     masked = inputs["input_ids"].masked_fill(chosen, 3)
@@ -244,27 +192,23 @@ def test_an_electra_training_step_equals_the_paper_over_hugging_face_models() ->
     corrupted = inputs["input_ids"].masked_scatter(chosen, sampled)
     rtd_logits = disc(input_ids=corrupted, attention_mask=inputs["attention_mask"],
                       token_type_ids=inputs["token_type_ids"]).logits
-    real = inputs["attention_mask"].bool()
     ref = F.cross_entropy(gen_logits, labels[chosen]) + 50.0 * F.binary_cross_entropy_with_logits(
-        rtd_logits[real], (corrupted != inputs["input_ids"])[real].float())
+        rtd_logits[mask], (corrupted != inputs["input_ids"])[mask].float())
     ref.backward()
 
-    close(loss.detach(), ref.detach())
+    parity.close(loss.detach(), ref.detach())
     ours_grads = {k: p.grad for k, p in ours.named_parameters() if p.grad is not None}
-    disc_grads = hf_electra.state_dict_to_hf(
-        {k[len("backbone."):]: v for k, v in ours_grads.items() if k.startswith("backbone.")},
-        {k[len("head."):]: v for k, v in ours_grads.items() if k.startswith("head.rtd.")})
+    disc_grads = hf_electra.state_dict_to_hf(*parity.split_task_state(ours_grads, "rtd."))
     for name, grad in disc_grads.items():  # the shared embedding's gradient holds both models' terms on both sides
-        close(grad, dict(disc.named_parameters())[name].grad)
+        parity.close(grad, dict(disc.named_parameters())[name].grad)
     gen_only = {k[len("head.generator."):]: v for k, v in ours_grads.items() if k.startswith("head.generator.layers")}
     hf_gen = dict(gen.named_parameters())
     mapped = hf_electra.state_dict_to_hf({**gen_only, **{k: v for k, v in gen_enc.items() if "layers" not in k}},
-                                         {k[len("head."):]: v for k, v in ours_grads.items()
-                                          if k.startswith("head.mlm.")}, include_tied=False)
+                                         parity.split_task_state(ours_grads, "mlm.")[1], include_tied=False)
     checked = 0
     for name, grad in mapped.items():
         if ".encoder.layer." in name or name.startswith("generator_"):
-            close(grad, hf_gen[name].grad)
+            parity.close(grad, hf_gen[name].grad)
             checked += 1
     assert checked > 10
 
@@ -279,14 +223,17 @@ def test_preset_parameter_counts_match_hugging_face_and_the_paper(preset: str) -
     cfg = model_config_from_preset(preset)
     counts = []
     for config, cls in ((cfg, "ElectraModel"), (generator_config(cfg), "ElectraForMaskedLM")):
-        hf_cfg = transformers.ElectraConfig(**{k: v for k, v in hf_electra.config_to_hf(config, cls).items()
-                                               if k not in ("architectures", "model_type")})
-        with torch.device("meta"):
+        hf_cfg = parity.hf_config_of("ElectraConfig", hf_electra.config_to_hf(config, cls))
+
+        def build_ours(config=config, cls=cls) -> torch.nn.Module:
             enc = Encoder(config)
-            ours = enc if cls == "ElectraModel" else TaskModel(enc, build_head({"type": "mlm"}, config, enc))
-            hf = getattr(transformers, cls)(hf_cfg)
-        n_ours = sum(p.numel() for p in ours.parameters())
-        assert n_ours == sum(p.numel() for p in hf.parameters()), cls
+            return enc if cls == "ElectraModel" else TaskModel(enc, build_head({"type": "mlm"}, config, enc))
+
+        def build_hf(cls=cls, hf_cfg=hf_cfg) -> torch.nn.Module:
+            return getattr(transformers, cls)(hf_cfg)
+
+        n_ours, n_hf = parity.parameter_counts(build_ours, build_hf)
+        assert n_ours == n_hf, cls
         counts.append(n_ours)
     assert abs(counts[0] / PAPER_PARAMETERS[preset] - 1) < 0.05, counts[0]
 

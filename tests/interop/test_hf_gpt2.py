@@ -11,11 +11,12 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.interop.hf_gpt2 import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
 from lmforge.models.decoder import Decoder
+from tests.interop.parity import B, T, close, hf_model, perturb, transformers
 
-transformers = pytest.importorskip("transformers")
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+GPT2Config, GPT2LMHeadModel = transformers.GPT2Config, transformers.GPT2LMHeadModel
 
-B, T, V, D, H, F, L, NPOS = 3, 7, 99, 12, 3, 37, 2, 16
+V, D, H, F, L, NPOS = 99, 12, 3, 37, 2, 16
+RTOL = 1e-5  # logits of two layers: tighter than the encoders' (whose outputs go through more layers)
 
 
 def _hf_config(**overrides) -> GPT2Config:
@@ -25,21 +26,8 @@ def _hf_config(**overrides) -> GPT2Config:
     return GPT2Config(**values)
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
-    """Weights far from the tiny default init, LayerNorms included, so every mapping error shows."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            is_norm_weight = ("ln_" in name or "norm" in name) and name.endswith("weight")
-            p.copy_(1.0 + 0.1 * noise if is_norm_weight else 0.3 * noise)
-
-
 def _hf_model(seed: int = 0, **overrides) -> GPT2LMHeadModel:
-    torch.manual_seed(seed)
-    model = GPT2LMHeadModel(_hf_config(**overrides)).eval()
-    _randomize(model, seed)
-    return model
+    return hf_model("GPT2LMHeadModel", _hf_config(**overrides), seed)
 
 
 def _ours_from_hf(hf: GPT2LMHeadModel) -> Decoder:
@@ -75,38 +63,41 @@ def test_hf_to_ours_logits(tied):
         expected = hf(ids, output_hidden_states=True)
         got = ours(ids, output_hidden_states=True)
     assert expected.logits.abs().max() > 1.0  # the comparison is not between near-zero numbers
-    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    close(got.logits, expected.logits, rtol=RTOL)
     assert len(got.hidden_states) == len(expected.hidden_states) == L + 1
     for ours_h, hf_h in zip(got.hidden_states, expected.hidden_states, strict=True):
-        torch.testing.assert_close(ours_h, hf_h, atol=1e-5, rtol=1e-5)
+        close(ours_h, hf_h, rtol=RTOL)
 
 
-def test_hf_to_ours_left_padding():
-    hf = _hf_model(seed=2)
-    ours = _ours_from_hf(hf)
-    ids, mask = _ids(3, B, T), _left_padding_mask()
+def _left_padded_reference(seed: int) -> tuple[Decoder, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ours converted from a random GPT-2 (``seed``), left-padded ids and their mask, and GPT-2's logits on them."""
+    hf = _hf_model(seed=seed)
+    ids, mask = _ids(seed + 1, B, T), _left_padding_mask()
     with torch.no_grad():
         # Hugging Face does not derive positions from the mask: pass them, computed the same way.
         expected = hf(ids, attention_mask=mask, position_ids=_positions(mask)).logits
+    return _ours_from_hf(hf), ids, mask, expected
+
+
+def test_hf_to_ours_left_padding():
+    ours, ids, mask, expected = _left_padded_reference(seed=2)
+    with torch.no_grad():
         got = ours(ids, attention_mask=mask).logits
     real = mask.bool()
-    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+    close(got[real], expected[real], rtol=RTOL)
     # and each padded prompt equals itself unpadded
     with torch.no_grad():
         alone = ours(ids[2:, 6:]).logits[0]
-    torch.testing.assert_close(got[2, 6:], alone, atol=1e-5, rtol=1e-5)
+    close(got[2, 6:], alone, rtol=RTOL)
 
 
 def test_hf_to_ours_cached_decoding_matches_hf():
-    hf = _hf_model(seed=4)
-    ours = _ours_from_hf(hf)
-    ids, mask = _ids(5, B, T), _left_padding_mask()
+    ours, ids, mask, expected = _left_padded_reference(seed=4)
     with torch.no_grad():
-        expected = hf(ids, attention_mask=mask, position_ids=_positions(mask)).logits
         cache = ours.new_cache()
         steps = [ours(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache).logits for t in range(T)]
     real = mask.bool()
-    torch.testing.assert_close(torch.cat(steps, dim=1)[real], expected[real], atol=1e-5, rtol=1e-5)
+    close(torch.cat(steps, dim=1)[real], expected[real], rtol=RTOL)
 
 
 def test_gpt2model_keys_and_old_buffers():
@@ -120,7 +111,7 @@ def test_gpt2model_keys_and_old_buffers():
     ours.load_state_dict(state_dict_from_hf(base_sd, config))
     ids = _ids(7, B, T)
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+        close(ours(ids).logits, hf(ids).logits, rtol=RTOL)
 
 
 def test_c_attn_is_split_into_q_k_v():
@@ -157,11 +148,10 @@ def test_untied_head_contradicting_a_tied_config():
 @pytest.mark.parametrize("tied", [True, False])
 def test_ours_to_hf_logits(tied):
     config = ModelConfig(arch="decoder", vocab_size=V, d_model=D, n_heads=H, n_layers=L, d_ff=F, max_seq_len=NPOS,
-                         norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh", type_vocab_size=0,
+                         norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh",
                          tie_embeddings=tied)
     torch.manual_seed(9)
-    ours = Decoder(config).eval()
-    _randomize(ours, 9)
+    ours = perturb(Decoder(config), 9)
     hf_dict = config_to_hf(config)
     assert hf_dict["model_type"] == "gpt2" and hf_dict["architectures"] == ["GPT2LMHeadModel"]
     hf = GPT2LMHeadModel(GPT2Config.from_dict(hf_dict)).eval()
@@ -169,10 +159,10 @@ def test_ours_to_hf_logits(tied):
     assert (hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()) == tied
     ids, mask = _ids(10, B, T), _left_padding_mask()
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, ours(ids).logits, atol=1e-5, rtol=1e-5)
+        close(hf(ids).logits, ours(ids).logits, rtol=RTOL)
         expected = hf(ids, attention_mask=mask, position_ids=_positions(mask)).logits
         got = ours(ids, attention_mask=mask).logits
-    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+    close(got[mask.bool()], expected[mask.bool()], rtol=RTOL)
 
 
 def test_state_dict_round_trip_is_exact():

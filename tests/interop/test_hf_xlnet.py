@@ -3,24 +3,20 @@ over two segments) through load_pretrained and both directions of lmforge conver
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from lmforge.cli import main
 from lmforge.config import model_config_from_preset
 from lmforge.errors import LmforgeError
 from lmforge.interop import hf_xlnet
-from lmforge.models.pretrained import load_pretrained
 from lmforge.models.xlnet import XLNet
+from lmforge.persistence import load_pretrained
+from tests.interop.parity import close, export_cli, hf_config_of, hf_model, import_cli, parameter_counts, transformers
 
-transformers = pytest.importorskip("transformers", reason="transformers is the parity reference (dev extra)")
-
-B, T, V, N = 3, 6, 53, 2
-TOL, RTOL = 1e-5, 1e-4
+B, T, V, N = 3, 6, 53, 2  # XLNet's batches are its own (permutation masks, targets): see segment
 
 
 def hf_tiny_config(**overrides) -> transformers.XLNetConfig:
@@ -29,18 +25,9 @@ def hf_tiny_config(**overrides) -> transformers.XLNetConfig:
     return transformers.XLNetConfig(**{**values, **overrides})
 
 
-def perturb(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Random init leaves LayerNorms at 1/0 and biases at 0; shake every parameter so each one matters."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3)
-    return model.eval()
-
-
-def hf_model(tmp_path: Path, cls: str = "XLNetLMHeadModel", **overrides) -> torch.nn.Module:
-    torch.manual_seed(0)
-    model = perturb(getattr(transformers, cls)(hf_tiny_config(**overrides)))
+def saved_hf_model(tmp_path: Path, cls: str = "XLNetLMHeadModel", **overrides) -> torch.nn.Module:
+    """A perturbed Hugging Face ``cls``, saved in ``tmp_path / "hf"``."""
+    model = hf_model(cls, hf_tiny_config(**overrides), seed=0)
     model.save_pretrained(tmp_path / "hf")
     return model
 
@@ -84,10 +71,6 @@ def run_hf(hf: torch.nn.Module, inputs: dict[str, torch.Tensor], mems, **kwargs)
                                                                                    strict=True)))
 
 
-def close(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=RTOL, atol=TOL)
-
-
 def check_parity(ours: XLNet, hf: torch.nn.Module, seeds: tuple[int, ...] = (1, 2), query_from: int = 0) -> None:
     """Two segments, the second with the first's memory: query-stream logits, content-stream states and logits, and
     the new memory equal transformers'. The query stream is compared from segment ``query_from`` on (before that
@@ -117,7 +100,7 @@ def check_parity(ours: XLNet, hf: torch.nn.Module, seeds: tuple[int, ...] = (1, 
                                                                                        same_length=True, mem_len=0)],
                          ids=["bi", "uni-clamp", "uni-same-length-all-mems"])
 def test_lm_head_model_loads_with_the_same_outputs(tmp_path: Path, overrides: dict) -> None:
-    hf = hf_model(tmp_path, **overrides)
+    hf = saved_hf_model(tmp_path, **overrides)
     loaded = load_pretrained(tmp_path / "hf")
     assert isinstance(loaded.model, XLNet) and loaded.head is None
     c = loaded.config
@@ -129,7 +112,7 @@ def test_lm_head_model_loads_with_the_same_outputs(tmp_path: Path, overrides: di
 
 
 def test_xlnet_model_layout_loads_with_a_zero_lm_bias(tmp_path: Path) -> None:
-    hf = hf_model(tmp_path, "XLNetModel")
+    hf = saved_hf_model(tmp_path, "XLNetModel")
     ours = load_pretrained(tmp_path / "hf").model
     assert not bool(ours.lm_head.bias.any())
     inputs = segment(3)
@@ -140,13 +123,12 @@ def test_xlnet_model_layout_loads_with_a_zero_lm_bias(tmp_path: Path) -> None:
 
 
 def test_convert_both_ways_keeps_the_outputs(tmp_path: Path) -> None:
-    hf = hf_model(tmp_path, attn_type="uni", clamp_len=5)
-    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    hf = saved_hf_model(tmp_path, attn_type="uni", clamp_len=5)
+    import_cli(tmp_path / "hf", tmp_path / "ours")
     converted = load_pretrained(tmp_path / "ours")
     assert converted.config.arch == "xlnet" and converted.config.clamp_len == 5
     check_parity(converted.model, hf)
-    assert main(["convert", "--to-hf", str(tmp_path / "ours"), "--out", str(tmp_path / "back")]) == 0
-    raw = json.loads((tmp_path / "back" / "config.json").read_text())
+    raw = export_cli(tmp_path / "ours", tmp_path / "back")
     assert raw["model_type"] == "xlnet" and raw["architectures"] == ["XLNetLMHeadModel"]
     back = transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "back").eval()
     for name, p in hf.state_dict().items():
@@ -157,11 +139,9 @@ def test_convert_both_ways_keeps_the_outputs(tmp_path: Path) -> None:
 def test_preset_parameter_counts_equal_transformers() -> None:
     for name in ("xlnet-tiny", "xlnet-base"):
         config = model_config_from_preset(name)
-        hf_config = transformers.XLNetConfig(**{k: v for k, v in hf_xlnet.config_to_hf(config).items()
-                                                if k not in ("architectures", "model_type")})
-        with torch.device("meta"):
-            ours = sum(p.numel() for p in XLNet(config).parameters())
-            theirs = sum(p.numel() for p in transformers.XLNetLMHeadModel(hf_config).parameters())
+        hf_config = hf_config_of("XLNetConfig", hf_xlnet.config_to_hf(config))
+        ours, theirs = parameter_counts(lambda config=config: XLNet(config),
+                                        lambda hf_config=hf_config: transformers.XLNetLMHeadModel(hf_config))
         assert ours == theirs, name
 
 

@@ -104,8 +104,9 @@ def test_distilbert_options():
 @pytest.mark.parametrize(("overrides", "message"), [
     (dict(share_layers="some"), "share_layers='some' is not one of none, all, attention, ffn"),
     (dict(embedding_size=0), "embedding_size=0 must be an integer"),
-    (dict(arch="decoder", share_layers="all"), "apply to arch='encoder' only"),
-    (dict(arch="decoder", pooler=False), "apply to arch='encoder' only"),
+    (dict(arch="decoder", share_layers="all"),
+     "unknown key(s) 'share_layers'; valid keys for arch decoder are .* ('share_layers' is an option of arch encoder)"),
+    (dict(arch="decoder", pooler=False), "unknown key(s) 'pooler'; valid keys for arch decoder"),
     (dict(type_vocab_size=-1), "type_vocab_size=-1 must be an integer >= 0"),
 ])
 def test_bad_options_are_named(overrides, message):
@@ -116,7 +117,7 @@ def test_bad_options_are_named(overrides, message):
 def test_presets_build_small_and_save_shared_weights_once(tmp_path):
     from safetensors import safe_open
 
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
 
     cfg = model_config_from_preset("albert-mini", vocab_size=V, max_seq_len=16)
     enc = Encoder(cfg)

@@ -17,7 +17,7 @@ B, T, V, D, H = 3, 7, 99, 12, 19
 
 
 def tiny(seed: int = 0, **overrides) -> AWDLSTM:
-    values = dict(arch="awd_lstm", vocab_size=V, d_model=D, d_hidden=H, n_layers=3, bidirectional=False,
+    values = dict(arch="awd_lstm", vocab_size=V, d_model=D, d_hidden=H, n_layers=3,
                   max_seq_len=1 << 16, bptt=5, bpt3c_grad_len=10, embed_p=0.0, input_p=0.0, hidden_p=0.0,
                   weight_p=0.0, output_p=0.0)
     torch.manual_seed(seed)
@@ -264,7 +264,7 @@ def test_generation_handles_padded_prompts_like_single_ones():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
 
     model = tiny(embed_p=0.1).eval()
     save_pretrained(model, tmp_path / "m", config=model.config)
@@ -315,8 +315,10 @@ def test_ar_and_tar_by_formula_in_training_only():
     assert float(out.losses["tar"][0]) == pytest.approx(tar, rel=1e-5) and out.losses["tar"][1] == 16
     assert set(objective(model.eval(), batch).losses) == {"lm"}  # evaluation: the language model's loss alone
     assert set(AWDLMObjective()(model.train(), batch).losses) == {"lm"}  # off by default
-    # the registry builds it from the data settings, which refuse a negative weight
-    built = get_objective("awd_lm").loss(DataConfig(objective="awd_lm", ar_alpha=2.0, tar_beta=1.0))
+    # the registry builds it from the objective's loss options, which refuse a negative weight or an unknown key
+    built = get_objective("awd_lm").build_loss(DataConfig(objective="awd_lm"), {"ar_alpha": 2.0, "tar_beta": 1.0})
     assert (built.ar_alpha, built.tar_beta) == (2.0, 1.0)
     with pytest.raises(LmforgeError, match="ar_alpha=-1"):
-        DataConfig(objective="awd_lm", ar_alpha=-1.0)
+        get_objective("awd_lm").options({"ar_alpha": -1.0})
+    with pytest.raises(LmforgeError, match=r"unknown key\(s\) 'rtd_weight'; valid keys are ar_alpha, tar_beta"):
+        get_objective("awd_lm").options({"rtd_weight": 1.0})

@@ -18,7 +18,7 @@ POSITIONALS = ["learned", "sinusoidal", "rotary"]
 
 def _config(**overrides) -> ModelConfig:
     values = dict(arch="decoder", vocab_size=V, d_model=D, n_heads=H, n_layers=2, d_ff=F, max_seq_len=32,
-                  norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh", type_vocab_size=0)
+                  norm_first=True, layer_norm_eps=1e-5, activation="gelu_tanh")
     values.update(overrides)
     return ModelConfig(**values)
 

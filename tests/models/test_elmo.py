@@ -10,7 +10,7 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import architecture
 from lmforge.models.elmo import BiLM, ELMoEncoder
-from lmforge.models.pretrained import load_pretrained, save_pretrained
+from lmforge.persistence import load_pretrained, save_pretrained
 
 V = 99
 TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(V - 5)]

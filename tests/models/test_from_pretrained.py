@@ -17,8 +17,8 @@ import lmforge.models as models
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.heads import TaskModel, build_head
-from lmforge.models import Decoder, Encoder, EncoderDecoder, XLNet, from_pretrained
-from lmforge.models.pretrained import load_pretrained
+from lmforge.models import Decoder, Encoder, EncoderDecoder, XLNet
+from lmforge.persistence import from_pretrained, load_pretrained
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TINY = dict(vocab_size=99, d_model=12, n_heads=3, n_layers=2, d_ff=37, max_seq_len=16, dropout=0.0,
@@ -74,7 +74,9 @@ def test_save_then_from_pretrained_round_trips_each_family(cls, tmp_path):
     back = cls.from_pretrained(tmp_path / "m")
     assert type(back) is cls and back.config == model.config and back.tokenizer is None
     torch.testing.assert_close(back.state_dict(), model.state_dict(), rtol=0, atol=0)
-    assert isinstance(models.from_pretrained(tmp_path / "m"), cls)
+    assert isinstance(from_pretrained(tmp_path / "m"), cls)
+    with pytest.warns(DeprecationWarning, match="lmforge.models.from_pretrained moved to lmforge.persistence"):
+        assert isinstance(models.from_pretrained(tmp_path / "m"), cls)  # the old name, for one release
 
 
 def test_save_pretrained_refuses_an_existing_model_and_leaves_no_partial_folder(tiny_encoder_dir, tmp_path):
@@ -97,7 +99,7 @@ def test_save_pretrained_refuses_an_existing_model_and_leaves_no_partial_folder(
 def test_readme_from_pretrained_snippet_runs_as_written(tiny_encoder_dir, tmp_path, monkeypatch):
     """The README's from_pretrained example, run on a pretraining folder standing in for runs/bert-mini."""
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    (snippet,) = [b for b in blocks if "from lmforge.models import Encoder, from_pretrained" in b]
+    (snippet,) = [b for b in blocks if "from lmforge import from_pretrained" in b]
     monkeypatch.chdir(tmp_path)
     _pretraining_folder(tiny_encoder_dir, tmp_path / "runs" / "bert-mini")
     scope: dict = {}

@@ -15,8 +15,8 @@ from lmforge.errors import LmforgeError
 from lmforge.heads import TaskModel, build_head
 from lmforge.models import ARCHITECTURES
 from lmforge.models.encoder import EncoderOutput
-from lmforge.models.pretrained import load_pretrained, save_pretrained
 from lmforge.models.rnn_encoder import RNNEncoder
+from lmforge.persistence import load_pretrained, save_pretrained
 from lmforge.training.freeze import freeze
 from tests.toy_tasks import make_encoder_dir, write_sequence
 
@@ -24,8 +24,7 @@ B, T, V, D = 3, 7, 99, 12
 
 
 def _config(**overrides) -> ModelConfig:
-    values = dict(arch="rnn", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0,
-                  type_vocab_size=0)
+    values = dict(arch="rnn", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0)
     values.update(overrides)
     return ModelConfig(**values)
 

@@ -11,15 +11,14 @@ import torch.nn.functional as F
 from lmforge.config import ModelConfig, model_config_from_preset
 from lmforge.errors import LmforgeError
 from lmforge.models import ARCHITECTURES
-from lmforge.models.pretrained import load_pretrained, save_pretrained
 from lmforge.models.rnn_seq2seq import RNNSeq2Seq, RNNSeq2SeqOutput, RNNState
+from lmforge.persistence import load_pretrained, save_pretrained
 
 B, S, T, V, D = 3, 7, 5, 29, 12
 
 
 def _config(**overrides) -> ModelConfig:
-    values = dict(arch="rnn_seq2seq", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0,
-                  type_vocab_size=0)
+    values = dict(arch="rnn_seq2seq", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0)
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -311,7 +310,7 @@ TOY_CASES = [
 def test_each_scoring_learns_a_toy_task(score, cell, window, feed, task, d_model, steps):
     config = ModelConfig(arch="rnn_seq2seq", vocab_size=TOY_V, d_model=d_model, n_heads=1, n_layers=1,
                          max_seq_len=TOY_S, rnn_cell=cell, attention=score, attention_window=window,
-                         input_feeding=feed, dropout=0.0, type_vocab_size=0)
+                         input_feeding=feed, dropout=0.0)
     model = train_toy(config, task, steps)
     held_out = toy_batch(torch.Generator().manual_seed(1234), 256, task)  # fresh draws, not the training stream
     forced, greedy = toy_accuracy(model, held_out)

@@ -43,8 +43,7 @@ VARIANTS = {
 
 
 def _config(**overrides) -> ModelConfig:
-    values = dict(arch="rnn_seq2seq", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0,
-                  type_vocab_size=0)
+    values = dict(arch="rnn_seq2seq", vocab_size=V, d_model=D, n_heads=1, n_layers=2, max_seq_len=16, dropout=0.0)
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -287,7 +286,7 @@ def test_straight_through_training_keeps_its_gradient_and_returns_no_samples():
 
 # ------------------------------------------------------------------------------------------------ config
 def test_config_choices_defaults_and_command_line_overrides():
-    old = from_dict(ModelConfig, dict(arch="rnn_seq2seq", vocab_size=V, d_model=D, type_vocab_size=0))  # no new keys
+    old = from_dict(ModelConfig, dict(arch="rnn_seq2seq", vocab_size=V, d_model=D))  # no new keys
     assert (old.attention_alignment, old.decoder_order, old.hard_attention, old.hard_attention_estimator) == \
         ("monotonic", "luong", False, "straight_through")
     keys = set(RNNSeq2Seq(old).state_dict())
@@ -317,7 +316,7 @@ def test_config_choices_defaults_and_command_line_overrides():
     (dict(reinforce_baseline_decay=1.0), r"reinforce_baseline_decay=1.0 must be in \[0, 1\)"),
     (dict(reinforce_entropy=-0.1), "reinforce_entropy=-0.1"),
     (dict(arch="rnn", attention="none"), "attention pooling"),
-    (dict(arch="rnn", decoder_order="bahdanau"), "decoder_order apply to"),
+    (dict(arch="rnn", decoder_order="bahdanau"), "'decoder_order' is an option of arch rnn_seq2seq"),
 ])
 def test_bad_options_are_one_line_errors(overrides, message):
     with pytest.raises(LmforgeError, match=message) as err:
@@ -348,7 +347,7 @@ LEARNING_CASES = [
                          ids=[c[0] for c in LEARNING_CASES])
 def test_variant_learns_a_toy_task(overrides, task, steps, lr):
     config = ModelConfig(arch="rnn_seq2seq", vocab_size=TOY_V, d_model=48, n_heads=1, n_layers=1, max_seq_len=TOY_S,
-                         dropout=0.0, type_vocab_size=0, **overrides)
+                         dropout=0.0, **overrides)
     model = train_toy(config, task, steps, lr=lr)
     held_out = toy_batch(torch.Generator().manual_seed(1234), 256, task)  # fresh draws, not the training stream
     forced, greedy = toy_accuracy(model, held_out)

@@ -17,7 +17,7 @@ def _config(**overrides) -> ModelConfig:
     # 2 encoder and 3 decoder layers, so mixing the two stacks up cannot pass.
     values = dict(arch="seq2seq", vocab_size=V, d_model=D, n_heads=H, n_layers=2, n_decoder_layers=3, d_ff=F,
                   max_seq_len=32, positional="sinusoidal", activation="relu", layer_norm_eps=1e-6,
-                  scale_embeddings=True, type_vocab_size=0)
+                  scale_embeddings=True)
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -296,8 +296,8 @@ def test_bad_memory_masks_and_cache():
         model.decode(tgt[:, 2:3], memory, src_mask, torch.ones(B, 1), cache=cache)
     with pytest.raises(LmforgeError, match="cache holds batch size 3 but tgt_ids has 2 rows"):
         model.decode(tgt[:2, 2:3], memory[:2], src_mask[:2], cache=cache)
-    with pytest.raises(LmforgeError, match="arch='seq2seq'"):
-        EncoderDecoder(_config(arch="decoder"))
+    with pytest.raises(LmforgeError, match="arch='seq2seq'"):  # a decoder's config has no encoder-decoder options
+        EncoderDecoder(ModelConfig(arch="decoder", vocab_size=V, d_model=D, n_heads=H, n_layers=2, d_ff=F))
 
 
 def test_additive_masks_are_rejected():

@@ -13,8 +13,8 @@ from lmforge.cli import main
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import architecture
-from lmforge.models.pretrained import load_pretrained, save_pretrained
 from lmforge.models.seq2seq import EncoderDecoder, SourceEncoder
+from lmforge.persistence import load_pretrained, save_pretrained
 
 V = 41
 SHAPES = {
@@ -30,8 +30,8 @@ SHAPES = {
 def encoder_decoder(seed: int = 0, **kw) -> EncoderDecoder:
     torch.manual_seed(seed)
     config = ModelConfig(**{**dict(arch="seq2seq", vocab_size=V, d_model=12, n_heads=3, n_layers=2,
-                                   n_decoder_layers=1, d_ff=20, max_seq_len=16, dropout=0.0, attention_dropout=0.0,
-                                   type_vocab_size=0), **kw})
+                                   n_decoder_layers=1, d_ff=20, max_seq_len=16, dropout=0.0, attention_dropout=0.0),
+                           **kw})
     return EncoderDecoder(config).eval()
 
 

@@ -21,7 +21,7 @@ METRIC = {"sequence": "accuracy", "pair": "accuracy", "token": "f1", "span": "f1
 
 def make_xlnet_dir(path: Path, *, seed: int = 0, **overrides: object) -> Path:
     """A randomly initialised tiny XLNet with the toy tokenizer, saved as an lmforge model folder."""
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(vocab())
@@ -81,7 +81,7 @@ def xlnet_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("task", ["sequence", "pair", "token", "qa"])
 def test_xlnet_fine_tunes_for_every_task_and_evaluates_as_saved(xlnet_dir, task, tmp_path, capsys):
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     train, dev = write_task_data(tmp_path, task)
     out = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The few-row vocabulary projection of decoding steps (lmforge.nn.few_rows): every form equals F.linear, the
+"""The few-row vocabulary projection of decoding steps (lmforge.nn.kernels.few_rows): every form equals F.linear, the
 choice is made once per shape, and anything else goes to F.linear."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmforge.nn import few_rows
-from lmforge.nn.few_rows import FORMS, MAX_ROWS, project_rows
+from lmforge.nn.kernels import few_rows
+from lmforge.nn.kernels.few_rows import FORMS, MAX_ROWS, project_rows
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 16])

@@ -1,4 +1,4 @@
-"""The chunked vocabulary projection + cross-entropy (lmforge.nn.linear_ce) against autograd through the plain
+"""The chunked vocabulary projection + cross-entropy (lmforge.nn.kernels.linear_ce) against autograd through the plain
 F.linear + F.cross_entropy, and the causal LM objective's fused path against its logits path."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from lmforge.config import ModelConfig
 from lmforge.models import Decoder
-from lmforge.nn.linear_ce import linear_cross_entropy
+from lmforge.nn.kernels.linear_ce import linear_cross_entropy
 from lmforge.objectives.causal_lm import CausalLMObjective
 
 
@@ -155,7 +155,7 @@ def test_the_correct_count_follows_argmax_on_ties(train):
 
 
 def test_the_default_chunk_fits_the_cache_on_a_cpu_and_stays_within_bounds(monkeypatch):
-    from lmforge.nn import linear_ce
+    from lmforge.nn.kernels import linear_ce
 
     assert linear_ce.last_level_cache_bytes() > 0  # read from the system, or the fallback
     monkeypatch.setattr(linear_ce, "last_level_cache_bytes", lambda: 32 * 2**20)

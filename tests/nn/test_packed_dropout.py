@@ -1,5 +1,5 @@
-"""The packed-mask dropout (lmforge.nn.packed_dropout): its distribution, its gradients, its attention against the
-written-out math with the same mask, and the fall-backs."""
+"""The packed-mask dropout (lmforge.nn.kernels.packed_dropout, lmforge.nn.kernels.dropout_attention): its
+distribution, its gradients, its attention against the written-out math with the same mask, and the fall-backs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.nn.attention import attention_weights, make_causal_mask, sdpa_attention
-from lmforge.nn.packed_dropout import Dropout, dropout, dropout_attention, keep_mask
+from lmforge.nn.kernels.dropout_attention import dropout_attention
+from lmforge.nn.kernels.packed_dropout import Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

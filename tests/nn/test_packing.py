@@ -1,5 +1,5 @@
-"""Unpadding (lmforge.nn.packing, issue 22 item 1): the encoder computes the same function on the real tokens, in
-eval and in training (gradients), zeros at padded positions, and packs only when it pays."""
+"""Unpadding (lmforge.nn.kernels.packing, issue 22 item 1): the encoder computes the same function on the real
+tokens, in eval and in training (gradients), zeros at padded positions, and packs only when it pays."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from lmforge.config import ModelConfig
 from lmforge.models.encoder import Encoder
-from lmforge.nn.packing import PACK_ABOVE, Packing
+from lmforge.nn.kernels.packing import PACK_ABOVE, Packing
 
 B, T, V = 4, 11, 50
 TOL = dict(rtol=2e-5, atol=2e-5)

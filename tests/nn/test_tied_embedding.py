@@ -1,4 +1,4 @@
-"""The tied token embedding's one dense gradient (lmforge.nn.tied_embedding): the projection hands its (V, D)
+"""The tied token embedding's one dense gradient (lmforge.nn.kernels.tied_embedding): the projection hands its (V, D)
 gradient to the look-up, which adds its rows; every gradient equals plain autograd's, in every way a backward can
 run, and the hand-over happens only where it is safe."""
 
@@ -14,8 +14,8 @@ from torch.utils.checkpoint import checkpoint
 from lmforge.config import ModelConfig
 from lmforge.heads import TaskModel, build_head
 from lmforge.models import Decoder, Encoder
-from lmforge.nn.linear_ce import linear_cross_entropy
-from lmforge.nn.tied_embedding import _TiedLookup, embed_tokens, find_tied_lookup, tied_linear
+from lmforge.nn.kernels.linear_ce import linear_cross_entropy
+from lmforge.nn.kernels.tied_embedding import _TiedLookup, embed_tokens, find_tied_lookup, tied_linear
 from lmforge.objectives import CausalLMObjective, MaskedLMObjective
 
 V, D = 41, 8
@@ -142,14 +142,14 @@ def test_tied_linear_equals_f_linear_with_and_without_bias():
 
 def _decoder_config(**overrides) -> ModelConfig:
     values = dict(arch="decoder", vocab_size=V, d_model=D, n_heads=2, n_layers=2, d_ff=16, max_seq_len=16,
-                  norm_first=True, type_vocab_size=0, dropout=0.0, attention_dropout=0.0)
+                  norm_first=True, dropout=0.0, attention_dropout=0.0)
     values.update(overrides)
     return ModelConfig(**values)
 
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_gpt_training_gradients_equal_the_plain_lookup(tie, monkeypatch):
-    import lmforge.nn.linear_ce as linear_ce
+    import lmforge.nn.kernels.linear_ce as linear_ce
 
     handed = []
     real = linear_ce.hand_over

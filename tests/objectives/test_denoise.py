@@ -13,13 +13,13 @@ from lmforge.cli import main
 from lmforge.config import ModelConfig
 from lmforge.data.seq2seq import collate_pairs
 from lmforge.errors import LmforgeError
-from lmforge.models.pretrained import load_pretrained
 from lmforge.models.seq2seq import EncoderDecoder
 from lmforge.objectives import DenoisingObjective
 from lmforge.objectives.registry import get_objective
+from lmforge.persistence import load_pretrained
 
 CFG = dict(arch="seq2seq", vocab_size=99, d_model=12, n_heads=3, n_layers=1, n_decoder_layers=2, d_ff=37,
-           max_seq_len=16, dropout=0.0, attention_dropout=0.0, type_vocab_size=0)
+           max_seq_len=16, dropout=0.0, attention_dropout=0.0)
 TINY = ["--model.n_layers=1", "--model.n_decoder_layers=1", "--model.d_model=16", "--model.n_heads=2",
         "--model.d_ff=32", "--model.max_seq_len=32", "--seq-len", "32", "--batch-size", "4", "--train.log_every=1"]
 

@@ -17,9 +17,9 @@ from lmforge.errors import LmforgeError
 from lmforge.heads import electra as electra_heads
 from lmforge.heads.electra import SHARED_EMBEDDINGS, generator_config, sample_replacements
 from lmforge.models.encoder import Encoder
-from lmforge.models.pretrained import build_model, load_backbone, load_pretrained
 from lmforge.objectives.electra import ElectraObjective
 from lmforge.objectives.registry import get_objective
+from lmforge.persistence import build_model, load_backbone, load_pretrained
 from tests.training.helpers import read_jsonl, without_timing
 
 B, T, V = 3, 7, 99
@@ -152,7 +152,7 @@ def test_the_generator_shares_the_discriminator_embeddings():
 def test_the_loss_is_generator_mlm_plus_fifty_times_the_discriminator_bce():
     model = tiny().eval()  # no dropout: the same draws give the same outputs
     batch = masked_batch()
-    objective = get_objective("electra").loss(DataConfig(objective="electra"))
+    objective = get_objective("electra").build_loss(DataConfig(objective="electra"))
     assert objective.rtd_weight == 50.0
     torch.manual_seed(5)
     result = objective(model, batch)
@@ -191,10 +191,12 @@ def test_registry_entry_presets_and_generator_sizes():
 def test_bad_settings_are_clear_errors():
     with pytest.raises(LmforgeError, match=r"generator_size=1.5 must be a fraction in \(0, 1\]"):
         ModelConfig(generator_size=1.5)
-    with pytest.raises(LmforgeError, match="generator_size=0.5 applies to arch='encoder' only"):
+    with pytest.raises(LmforgeError, match="'generator_size' is an option of arch encoder"):
         ModelConfig(arch="decoder", generator_size=0.5)
     with pytest.raises(LmforgeError, match="rtd_weight=-1.0 must be a finite number >= 0"):
-        DataConfig(rtd_weight=-1.0)
+        get_objective("electra").options({"rtd_weight": -1.0})
+    with pytest.raises(LmforgeError, match="objective 'mlm' has no loss options"):
+        get_objective("mlm").options({"rtd_weight": 1.0})
     with pytest.raises(LmforgeError, match=r"d_model=19 \(of 48\) and n_heads=6 \(of 16\), which does not divide"):
         generator_config(ModelConfig(d_model=48, n_heads=16, generator_size=0.4, vocab_size=V, n_layers=1))
     with pytest.raises(LmforgeError, match="tie_embeddings=False is not supported"):

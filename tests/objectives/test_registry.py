@@ -60,3 +60,22 @@ def test_a_new_objective_is_one_entry_and_one_file(toy, tmp_path, capsys):
     assert config["head"]["type"] == "mlm"
     run_config = json.loads((tmp_path / "run" / "run_config.json").read_text())
     assert run_config["data"]["objective"] == toy.name
+
+
+def test_loss_weights_are_the_objective_s_options_and_old_data_keys_move_there():
+    import warnings
+
+    from lmforge.config import DataConfig, from_dict
+    from lmforge.objectives.options import ElectraLoss
+    from lmforge.recipes.pretrain import PretrainRun
+
+    assert get_objective("electra").options({"rtd_weight": 30}) == ElectraLoss(30.0)
+    assert get_objective("mlm").options() is None
+    assert not any(hasattr(DataConfig(), key) for key in DataConfig.MOVED_TO_LOSS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = from_dict(PretrainRun, {"data": {"objective": "electra", "rtd_weight": 20.0}}, where="pretrain")
+    assert run.loss == {"rtd_weight": 20.0} and "rtd_weight" not in vars(run.data)
+    assert any("data.rtd_weight moved to loss.rtd_weight" in str(w.message) for w in caught)
+    with pytest.raises(LmforgeError, match="both data.rtd_weight and loss.rtd_weight are set"):
+        from_dict(PretrainRun, {"data": {"rtd_weight": 20.0}, "loss": {"rtd_weight": 1.0}}, where="pretrain")

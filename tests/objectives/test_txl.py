@@ -82,7 +82,7 @@ def test_no_gradient_flows_into_the_memory():
 
 def test_a_longer_evaluation_memory_is_used_and_gives_a_finite_perplexity():
     model, x = tiny(), stream(segments=5)
-    objective = get_objective("txl").loss(DataConfig(objective="txl", seq_len=T + 2, eval_mem_len=3 * T))
+    objective = get_objective("txl").build_loss(DataConfig(objective="txl", seq_len=T + 2), {"eval_mem_len": 3 * T})
     total, count = 0.0, 0
     with torch.no_grad():
         for k in range(5):
@@ -125,7 +125,7 @@ def test_bad_settings_are_clear_errors():
     with pytest.raises(LmforgeError, match="arch='xlnet'"):
         check_txl_model(ModelConfig())
     with pytest.raises(LmforgeError, match="eval_mem_len=0 must be an integer in"):
-        DataConfig(objective="txl", eval_mem_len=0)
+        get_objective("txl").options({"eval_mem_len": 0})
     with pytest.raises(LmforgeError, match="eval_mem_len=0 must be an integer"):
         TXLObjective(eval_mem_len=0)
     with pytest.raises(LmforgeError, match="backward LM's windows"):

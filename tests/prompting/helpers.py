@@ -43,7 +43,7 @@ def _randomise(model: nn.Module, seed: int) -> nn.Module:
 
 def decoder(seed: int = 0, max_seq_len: int = 96, dtype: torch.dtype = torch.float64) -> Decoder:
     config = ModelConfig(arch="decoder", vocab_size=len(SPECIAL) + len(WORDS), d_model=12, n_heads=3, n_layers=2,
-                         d_ff=37, max_seq_len=max_seq_len, norm_first=True, type_vocab_size=0, dropout=0.0,
+                         d_ff=37, max_seq_len=max_seq_len, norm_first=True, dropout=0.0,
                          attention_dropout=0.0)
     return _randomise(Decoder(config).to(dtype).eval(), seed)
 

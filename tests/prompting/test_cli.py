@@ -12,7 +12,7 @@ import torch
 from lmforge import cli
 from lmforge.commands.fewshot import parse_verbalizer, shots_list, unescape
 from lmforge.errors import LmforgeError
-from lmforge.models.pretrained import save_pretrained
+from lmforge.persistence import save_pretrained
 from lmforge.prompting import DEMOS, MODES, SCORINGS
 from tests.prompting.helpers import TEST, TRAIN, decoder, tokenizer
 

@@ -140,7 +140,7 @@ def test_calibrated_predictions_follow_zhao_et_al():
 def test_recurrent_language_models_are_scored_with_right_padding():
     torch.manual_seed(0)
     model = AWDLSTM(ModelConfig(arch="awd_lstm", vocab_size=len(SPECIAL) + len(WORDS), d_model=12, d_hidden=19,
-                                n_layers=2, bidirectional=False, max_seq_len=1 << 16, embed_p=0.0, input_p=0.0,
+                                n_layers=2, max_seq_len=1 << 16, embed_p=0.0, input_p=0.0,
                                 hidden_p=0.0, weight_p=0.0, output_p=0.0)).double().eval()
     pairs = _pairs(3, 6)
     want = []
@@ -151,7 +151,7 @@ def test_recurrent_language_models_are_scored_with_right_padding():
         want.append(sum(float(logp[len(context) + j - 1, t]) for j, t in enumerate(answer)))
     assert score_continuations(model, pairs, batch_size=4) == pytest.approx(want, rel=1e-9, abs=1e-9)
     reverse = AWDLSTM(ModelConfig(arch="awd_lstm", vocab_size=40, d_model=12, d_hidden=19, n_layers=1,
-                                  bidirectional=False, reverse=True))
+                                  reverse=True))
     with pytest.raises(LmforgeError, match="backward AWD-LSTM"):
         causal_lm_for(reverse)
 
@@ -171,7 +171,7 @@ def test_a_hugging_face_gpt2_prompt_starts_with_endoftext_and_scores_as_transfor
     pytest.importorskip("lmforge.tokenizers.bytebpe", reason="the byte-level BPE tokenizer is not in lmforge yet")
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     folder = tmp_path / "hf"
     folder.mkdir()

@@ -35,7 +35,7 @@ def classifier(finetuned):
 @pytest.fixture(scope="module")
 def mlm_dir(tiny_encoder_dir, tmp_path_factory):
     from lmforge.heads import TaskModel, build_head
-    from lmforge.models.pretrained import load_backbone, save_pretrained
+    from lmforge.persistence import load_backbone, save_pretrained
 
     loaded = load_backbone(tiny_encoder_dir)
     torch.manual_seed(0)
@@ -155,7 +155,7 @@ def test_embed_equals_lmforge_embed(classifier, tmp_path, options):
 
 def test_embed_word_pooling_equals_embed_words(classifier):
     from lmforge.embeddings.contextual import embed_words
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     client, _, out = classifier
     r = client.post("/embed", json={"texts": TEXTS[:2], "word_pooling": "mean", "layers": [-1, -2]})

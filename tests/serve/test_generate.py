@@ -19,7 +19,7 @@ PROMPTS = ["alice lives in", "the", "bob went to paris and later met carol in"]
 def _save(arch: str, folder):
     from lmforge.config import ModelConfig
     from lmforge.models import ARCHITECTURES
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
     from lmforge.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer(vocab())
@@ -39,7 +39,7 @@ def decoder(tmp_path_factory):
 
 def _direct(folder, prompts, *, seq2seq: bool = False, **options):
     from lmforge.generation import generate
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(folder)
     tok = loaded.tokenizer

@@ -15,7 +15,7 @@ from lmforge.data.readers import ClassificationExample, read_choices
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.heads import TaskModel, build_head
 from lmforge.models import Decoder
-from lmforge.models.pretrained import load_pretrained
+from lmforge.persistence import load_pretrained
 from lmforge.recipes.finetune import resolve_task_inputs
 from lmforge.tasks import TaskObjective, make_task
 from lmforge.tasks.gpt_inputs import DELIM, EXTRACT, START, add_gpt_tokens, grow_embeddings

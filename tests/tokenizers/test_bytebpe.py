@@ -381,7 +381,7 @@ def _gpt2_folder(directory: Path, bpe_dir: Path, vocab_size: int) -> Path:
 
 
 def test_load_pretrained_gives_the_byte_level_tokenizer(bpe_dir, tmp_path, tok):
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(_gpt2_folder(tmp_path, bpe_dir, tok.vocab_size))
     assert isinstance(loaded.tokenizer, ByteLevelBPETokenizer)
@@ -389,7 +389,7 @@ def test_load_pretrained_gives_the_byte_level_tokenizer(bpe_dir, tmp_path, tok):
 
 
 def test_load_pretrained_refuses_more_tokens_than_embeddings(bpe_dir, tmp_path, tok):
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     with pytest.raises(InputFileError, match=r"vocab.json: .* tokens, but the model's embeddings have 300 rows"):
         load_pretrained(_gpt2_folder(tmp_path, bpe_dir, 300))

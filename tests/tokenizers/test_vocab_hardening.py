@@ -35,7 +35,7 @@ def test_binary_vocab_names_the_file_and_line(folder):
 def test_binary_vocab_in_a_model_folder(tmp_path):
     from lmforge.config import ModelConfig
     from lmforge.models import ARCHITECTURES
-    from lmforge.models.pretrained import load_pretrained, save_pretrained
+    from lmforge.persistence import load_pretrained, save_pretrained
 
     model = ARCHITECTURES["encoder"](ModelConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1, max_seq_len=8))
     save_pretrained(model, tmp_path / "m", tokenizer=WordPieceTokenizer(TOKENS))

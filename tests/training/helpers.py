@@ -34,7 +34,7 @@ class TinyLM(nn.Module):
 
 def decoder_config(**overrides: Any) -> ModelConfig:
     values = dict(arch="decoder", vocab_size=V, d_model=D, n_heads=2, n_layers=2, d_ff=37, max_seq_len=16,
-                  dropout=0.1, attention_dropout=0.1, norm_first=True, layer_norm_eps=1e-5, type_vocab_size=0,
+                  dropout=0.1, attention_dropout=0.1, norm_first=True, layer_norm_eps=1e-5,
                   kernel="math")
     values.update(overrides)
     return ModelConfig(**values)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.models.pretrained import load_pretrained
-from lmforge.training import Trainer
+from lmforge.persistence import load_pretrained
+from lmforge.training import RunOutput, Trainer
 from tests.training.helpers import LMObjective, ToyData, decoder_config, tiny_decoder, train_config
 
 
@@ -27,8 +27,9 @@ class ScriptedEvaluator:
 
 def _fit(tmp_path, evaluator, select, **overrides):
     config = train_config(max_steps=6, eval_every=2, save_every=2, **overrides)
-    trainer = Trainer(tiny_decoder(), LMObjective(), ToyData(), config, tmp_path, evaluator=evaluator,
-                      select=select, model_config=decoder_config(), progress=False)
+    trainer = Trainer(tiny_decoder(), LMObjective(), ToyData(), config,
+                      RunOutput(tmp_path, model_config=decoder_config(), progress=False), evaluator=evaluator,
+                      select=select)
     trainer.fit()
     return trainer
 
@@ -62,12 +63,14 @@ def test_unknown_selection_metric_names_the_reported_ones(tmp_path):
 def test_best_survives_a_resume(tmp_path):
     evaluator = ScriptedEvaluator([0.9, 0.1, 0.1])
     config = train_config(max_steps=4, eval_every=2, save_every=2)
-    Trainer(tiny_decoder(), LMObjective(), ToyData(), config, tmp_path, evaluator=evaluator, select="f1",
-            model_config=decoder_config(), progress=False).fit()
+    Trainer(tiny_decoder(), LMObjective(), ToyData(), config,
+            RunOutput(tmp_path, model_config=decoder_config(), progress=False), evaluator=evaluator,
+            select="f1").fit()
     # continue the same run to 6 steps: the best (step 2) must still win over the later, worse evaluation
     longer = train_config(max_steps=6, eval_every=2, save_every=2)
-    resumed = Trainer(tiny_decoder(), LMObjective(), ToyData(), longer, tmp_path, evaluator=ScriptedEvaluator([0.5]),
-                      select="f1", model_config=decoder_config(), progress=False, resume="auto")
+    resumed = Trainer(tiny_decoder(), LMObjective(), ToyData(), longer,
+                      RunOutput(tmp_path, model_config=decoder_config(), progress=False, resume="auto"),
+                      evaluator=ScriptedEvaluator([0.5]), select="f1")
     resumed.fit()
     assert resumed.best["step"] == 2 and resumed.best["record"]["f1"] == 0.9
     final = load_pretrained(tmp_path).model.state_dict()

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import lmforge.training.trainer as trainer_module
+import lmforge.training.cadence as cadence_module
 from lmforge.config import DEFAULT_SAVE_EVERY, DEFAULT_SAVE_MINUTES
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from lmforge.training.trainer import TrainingInterrupted
 from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_decoder, train_config, without_timing
 
@@ -23,14 +23,14 @@ def _steps(out) -> list[int]:
 
 def _trainer(out, objective=None, resume="never", **overrides) -> Trainer:
     config = train_config(**{"max_steps": 7, "batch_size": 4, "keep_last": 0, "save_every": None, **overrides})
-    return Trainer(tiny_decoder(0), objective or LMObjective(), ToyData(n=16, seed=3), config, out, resume=resume,
-                   progress=False)
+    return Trainer(tiny_decoder(0), objective or LMObjective(), ToyData(n=16, seed=3), config,
+                   RunOutput(out, resume=resume, progress=False))
 
 
 def test_the_default_cadence_keeps_checkpoints_without_any_option(tmp_path, monkeypatch):
     assert (DEFAULT_SAVE_EVERY, DEFAULT_SAVE_MINUTES) == (500, 10.0)  # what --help shows
-    monkeypatch.setattr(trainer_module, "DEFAULT_SAVE_EVERY", 3)  # the cadence, scaled down to this toy run
-    monkeypatch.setattr(trainer_module, "SAVE_COST_FACTOR", 0.0)  # toy steps are faster than a write (tested below)
+    monkeypatch.setattr(cadence_module, "DEFAULT_SAVE_EVERY", 3)  # the cadence, scaled down to this toy run
+    monkeypatch.setattr(cadence_module, "SAVE_COST_FACTOR", 0.0)  # toy steps are faster than a write (tested below)
     _trainer(tmp_path / "run").fit()
     assert _steps(tmp_path / "run") == [3, 6, 7]
     # an explicit cadence replaces the default one; 0 keeps only the final checkpoint
@@ -41,13 +41,13 @@ def test_the_default_cadence_keeps_checkpoints_without_any_option(tmp_path, monk
 
 
 def test_the_time_cadence_and_its_cost_guard(tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_module, "SAVE_COST_FACTOR", 0.0)
+    monkeypatch.setattr(cadence_module, "SAVE_COST_FACTOR", 0.0)
     _trainer(tmp_path / "timed", save_every=0, save_minutes=1e-9).fit()  # due after every step
     assert _steps(tmp_path / "timed") == list(range(1, 8))
     # a default-cadence checkpoint waits until SAVE_COST_FACTOR x the last write's time has passed: with a huge
     # factor only the first one (no write measured yet) and the final one are written
-    monkeypatch.setattr(trainer_module, "SAVE_COST_FACTOR", 1e9)
-    monkeypatch.setattr(trainer_module, "DEFAULT_SAVE_EVERY", 1)
+    monkeypatch.setattr(cadence_module, "SAVE_COST_FACTOR", 1e9)
+    monkeypatch.setattr(cadence_module, "DEFAULT_SAVE_EVERY", 1)
     _trainer(tmp_path / "guarded").fit()
     assert _steps(tmp_path / "guarded") == [1, 7]
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from lmforge.utils import compiling
 from lmforge.utils.compiling import BACKEND_ENV, compile_errors, compile_in_place, compile_module
 from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_decoder, tiny_lm, train_config, without_timing
@@ -42,8 +42,8 @@ def _decoder(seed: int) -> torch.nn.Module:
 
 def _run(out: Path, *, compile: bool, resume="never", seed: int = 0, **overrides) -> Trainer:
     config = train_config(**{"max_steps": 4, "save_every": 2, "eval_every": 2, "compile": compile, **overrides})
-    trainer = Trainer(_decoder(seed), LMObjective(two_terms=True), ToyData(n=16, seed=3), config, out,
-                      eval_data=ToyData(n=6, seed=4, fixed=True), resume=resume, progress=False)
+    trainer = Trainer(_decoder(seed), LMObjective(two_terms=True), ToyData(n=16, seed=3), config,
+                      RunOutput(out, resume=resume, progress=False), eval_data=ToyData(n=6, seed=4, fixed=True))
     trainer.fit()
     return trainer
 
@@ -74,8 +74,8 @@ def _keys(value, prefix: str = "") -> list[str]:
 def test_compiled_training_saves_the_plain_module_and_resumes_across_compile_on_off(tmp_path):
     _run(tmp_path / "eager", compile=False)
     compiled = _run(tmp_path / "compiled", compile=True)
-    assert type(compiled._forward_model).__name__ == "OptimizedModule"
-    assert compiled.model is compiled._forward_model._orig_mod  # the optimizer and every save read the plain module
+    assert type(compiled.placement.forward).__name__ == "OptimizedModule"  # what the objective calls
+    assert compiled.model is compiled.placement.forward._orig_mod  # the optimizer and every save read the plain module
     # same batch, same dropout draws: the same losses, metrics and eval results with and without compile
     _close(_records(tmp_path / "eager"), _records(tmp_path / "compiled"))
     # no saved key names the wrapper: checkpoints, the final model, the trainer state
@@ -130,7 +130,8 @@ def test_no_cxx_compiler_is_an_error_naming_the_option(monkeypatch, tmp_path):
     monkeypatch.delenv(BACKEND_ENV)  # inductor
     monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
     with pytest.raises(LmforgeError, match=r"--compile needs a C\+\+ compiler .* run without --compile"):
-        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(compile=True), tmp_path / "run", progress=False)
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(compile=True),
+                RunOutput(tmp_path / "run", progress=False))
     assert not (tmp_path / "run").exists()  # refused before any work
 
 
@@ -142,7 +143,8 @@ def test_a_backend_failure_at_the_first_step_is_an_lmforge_error(monkeypatch, tm
         raise RuntimeError("cc1plus: fatal error: Python.h: No such file or directory")
 
     monkeypatch.setenv(BACKEND_ENV, "lmforge_test_broken")
-    trainer = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(compile=True), tmp_path, progress=False)
+    trainer = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(compile=True),
+                      RunOutput(tmp_path, progress=False))
     with pytest.raises(LmforgeError, match=r"--compile failed: .*Python\.h.*; run without --compile") as info:
         trainer.fit()
     assert "\n" not in str(info.value)
@@ -173,7 +175,7 @@ def test_inductor_step_matches_eager():
 
 def test_inference_compiles_in_place(tiny_encoder_dir, tmp_path):
     from lmforge.cli import main
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     model = load_pretrained(tiny_encoder_dir, with_head=False).model.eval()
     keys = list(model.state_dict())

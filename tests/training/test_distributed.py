@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
-from lmforge.training import Trainer, init_distributed
+from lmforge.training import RunOutput, Trainer, init_distributed
 from tests.training.helpers import LMObjective, read_jsonl, without_timing
 from tests.training.worker import build
 
@@ -47,8 +47,8 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
                                       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     # meanwhile, the same global batches in this process: 4 micro-batches of 2 instead of 2 per process
     model, data, eval_data, config = build("tiny", rank=0, world=1)
-    Trainer(model, LMObjective(two_terms=True), data, config, tmp_path / "single", eval_data=eval_data,
-            progress=False).fit()
+    Trainer(model, LMObjective(two_terms=True), data, config, RunOutput(tmp_path / "single", progress=False),
+            eval_data=eval_data).fit()
     for proc in procs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
@@ -81,8 +81,8 @@ def test_two_torchrun_nodes_on_one_machine_equal_one_process(tmp_path):
          "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "tests.training.worker", str(tmp_path / "nodes"), "tiny"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(2)]
     model, data, eval_data, config = build("tiny", rank=0, world=1)
-    Trainer(model, LMObjective(two_terms=True), data, config, tmp_path / "single", eval_data=eval_data,
-            progress=False).fit()
+    Trainer(model, LMObjective(two_terms=True), data, config, RunOutput(tmp_path / "single", progress=False),
+            eval_data=eval_data).fit()
     for proc in launches:
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err[-3000:]

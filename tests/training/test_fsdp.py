@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lmforge.models.pretrained import load_pretrained
-from lmforge.training import Trainer
+from lmforge.persistence import load_pretrained
+from lmforge.training import RunOutput, Trainer
 from tests.training.helpers import LMObjective, read_jsonl, without_timing
 from tests.training.worker import build
 
@@ -64,8 +64,8 @@ def _finish(procs: list[subprocess.Popen], outputs: list[str] | None = None) -> 
 def test_two_sharded_processes_equal_one_process(tmp_path):
     procs = _launch(tmp_path / "fsdp")
     model, data, eval_data, config = build("sharded", rank=0, world=1)
-    Trainer(model, LMObjective(two_terms=True), data, config, tmp_path / "single", eval_data=eval_data,
-            progress=False).fit()
+    Trainer(model, LMObjective(two_terms=True), data, config, RunOutput(tmp_path / "single", progress=False),
+            eval_data=eval_data).fit()
     outputs: list[str] = []
     assert _finish(procs, outputs) == [0, 0]
     total = sum(p.numel() for p in model.parameters())

@@ -13,7 +13,7 @@ import torch
 from lmforge import choices
 from lmforge.config import TrainConfig
 from lmforge.errors import LmforgeError
-from lmforge.training import Trainer, build_optimizer, decay_parameter_names
+from lmforge.training import RunOutput, Trainer, build_optimizer, decay_parameter_names
 from lmforge.training.optim import OPTIMIZER_CLASSES, Lamb
 from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_decoder, tiny_lm, train_config, without_timing
 
@@ -190,8 +190,8 @@ def test_lamb_fits_a_linear_regression():
 def _fit(out, resume="never", seed=0):
     # lr 0.1: each matrix moves by a tenth of its norm per update (the init is small: std 0.02)
     config = train_config(optimizer="lamb", max_steps=8, save_every=4, weight_decay=0.01, lr=0.1)
-    return Trainer(tiny_decoder(seed), LMObjective(), ToyData(n=16, seed=3), config, out, resume=resume,
-                   progress=False).fit()
+    return Trainer(tiny_decoder(seed), LMObjective(), ToyData(n=16, seed=3), config,
+                   RunOutput(out, resume=resume, progress=False)).fit()
 
 
 def test_trainer_trains_and_resumes_with_lamb(tmp_path):

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from lmforge.training import logging as run_logging
 from lmforge.training.logging import MetricsLog, allocator_hint, find_allocator, plot_loss_curve
 from lmforge.viz import plots
@@ -139,8 +139,9 @@ class _Accuracy:
 def test_a_short_training_run_draws_its_dev_metric_and_its_single_loss_point(tmp_path, drawn):
     """A 3-step fine-tuning-like run at the default log_every=10: one training point, dev metrics each epoch."""
     config = train_config(max_steps=3, log_every=10, eval_every=1)
-    Trainer(tiny_decoder(), LMObjective(), ToyData(n=8), config, tmp_path, evaluator=_Accuracy(), select="accuracy",
-            model_config=decoder_config(), progress=False).fit()
+    Trainer(tiny_decoder(), LMObjective(), ToyData(n=8), config,
+            RunOutput(tmp_path, model_config=decoder_config(), progress=False), evaluator=_Accuracy(),
+            select="accuracy").fit()
     fig = drawn[-1]  # the last drawing, at the end of the run
     (accuracy,) = [ax for ax in fig.axes if ax.get_title() == "dev accuracy"]
     assert [tuple(p) for p in accuracy.get_lines()[0].get_xydata()] == [(1, 0.25), (2, 0.5), (3, 0.75)]

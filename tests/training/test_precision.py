@@ -11,7 +11,7 @@ import torch
 
 from lmforge.config import TrainConfig
 from lmforge.errors import LmforgeError
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from lmforge.training import precision as precision_module
 from lmforge.training.precision import MIN_SPEEDUP, matmul_speedup, resolve_precision
 from tests.training.helpers import LMObjective, ToyData, tiny_lm, train_config
@@ -66,7 +66,7 @@ def test_auto_trains_with_the_choice_and_a_resumed_run_keeps_it(monkeypatch, tmp
     fake_cpu(monkeypatch, native=True, speedup=3.0)
     config = train_config(max_steps=4, save_every=2, precision="auto")
     with caplog.at_level(logging.INFO, logger="lmforge"):
-        trainer = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path / "run", progress=False)
+        trainer = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(tmp_path / "run", progress=False))
     assert trainer.precision == "bf16" and "precision bf16 (auto: native bf16" in caplog.text
     seen = []
     original = trainer._autocast
@@ -82,10 +82,10 @@ def test_auto_trains_with_the_choice_and_a_resumed_run_keeps_it(monkeypatch, tmp
     # the machine now looks different (say, loaded): the resumed run keeps bf16, saved in the checkpoint
     fake_cpu(monkeypatch, native=True, speedup=1.0)
     longer = TrainConfig(**{**config.__dict__, "max_steps": 6})
-    resumed = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), longer, tmp_path / "run", resume="auto",
-                      progress=False)
+    resumed = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), longer,
+                      RunOutput(tmp_path / "run", resume="auto", progress=False))
     assert resumed.precision == "bf16"
-    fresh = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path / "fresh", progress=False)
+    fresh = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(tmp_path / "fresh", progress=False))
     assert fresh.precision == "fp32"
 
 

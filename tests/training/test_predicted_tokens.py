@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lmforge.objectives import MaskedLMObjective
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_lm, train_config
 
 
@@ -27,7 +27,7 @@ class RecordingData(ToyData):
 def test_predicted_tokens_of_each_interval_are_logged_next_to_tokens(tmp_path):
     data = RecordingData(n=32, seed=3)
     config = train_config(max_steps=6, batch_size=8, micro_batch_size=4, log_every=2, save_every=0)
-    Trainer(tiny_lm(), PredictingLM(two_terms=True), data, config, tmp_path, progress=False).fit()
+    Trainer(tiny_lm(), PredictingLM(two_terms=True), data, config, RunOutput(tmp_path, progress=False)).fit()
     train = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in train] == [2, 4, 6]
     per_step = [sum(data.predicted[i:i + 2]) for i in range(0, 12, 2)]  # 2 micro-batches per step
@@ -38,7 +38,7 @@ def test_predicted_tokens_of_each_interval_are_logged_next_to_tokens(tmp_path):
 
 def test_no_predicted_tokens_without_the_declaration(tmp_path):
     config = train_config(max_steps=2, log_every=1, save_every=0)
-    Trainer(tiny_lm(), LMObjective(two_terms=True), ToyData(n=16), config, tmp_path, progress=False).fit()
+    Trainer(tiny_lm(), LMObjective(two_terms=True), ToyData(n=16), config, RunOutput(tmp_path, progress=False)).fit()
     assert all("predicted_tokens" not in r for r in read_jsonl(tmp_path / "metrics.jsonl"))
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmforge.errors import LmforgeError
-from lmforge.training import Trainer, latest_checkpoint, load_trainer_state
+from lmforge.training import RunOutput, Trainer, latest_checkpoint, load_trainer_state
 from tests.training.helpers import (
     LMObjective,
     ToyData,
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(out: Path, *, seed: int = 0, resume="never", data_seed: int = 3, **overrides) -> dict:
     config = train_config(**{"max_steps": 4, "save_every": 2, "eval_every": 2, **overrides})
-    trainer = Trainer(tiny_decoder(seed), LMObjective(two_terms=True), ToyData(n=16, seed=data_seed), config, out,
-                      eval_data=ToyData(n=6, seed=4, fixed=True), resume=resume, progress=False)
+    trainer = Trainer(tiny_decoder(seed), LMObjective(two_terms=True), ToyData(n=16, seed=data_seed), config,
+                      RunOutput(out, resume=resume, progress=False), eval_data=ToyData(n=6, seed=4, fixed=True))
     return trainer.fit()
 
 
@@ -92,8 +92,8 @@ def test_resume_with_changed_settings_names_them(tmp_path):
     assert "max_steps (" not in message and "log_every (" not in message  # allowed to change
     config = train_config(max_steps=4, save_every=2, eval_every=2)
     with pytest.raises(LmforgeError, match=r"model\.d_model \(checkpoint 12, now 16\)"):
-        Trainer(tiny_decoder(d_model=16), LMObjective(two_terms=True), ToyData(n=16), config, tmp_path,
-                resume="auto", progress=False)
+        Trainer(tiny_decoder(d_model=16), LMObjective(two_terms=True), ToyData(n=16), config,
+                RunOutput(tmp_path, resume="auto", progress=False))
 
 
 def test_partial_checkpoint_is_ignored_and_auto_without_checkpoint_starts_fresh(tmp_path):

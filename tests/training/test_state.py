@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lmforge.training import Trainer
+from lmforge.training import RunOutput, Trainer
 from lmforge.training import checkpoint as ckpt
 from lmforge.training.state import BestTracker, Progress, migrate_state
 from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_decoder, train_config, without_timing
@@ -59,8 +59,8 @@ def test_the_constructor_changes_nothing_on_disk(tmp_path):
     out = tmp_path / "run"
     _run(out, max_steps=2)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    trainer = Trainer(tiny_decoder(), LMObjective(), ToyData(n=8), train_config(max_steps=2), out, overwrite=True,
-                      progress=False)
+    trainer = Trainer(tiny_decoder(), LMObjective(), ToyData(n=8), train_config(max_steps=2),
+                      RunOutput(out, overwrite=True, progress=False))
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing moved yet
     trainer.fit()
     (aside,) = tmp_path.glob("run.old-*")  # the old run was moved aside when fit() started

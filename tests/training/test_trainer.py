@@ -11,9 +11,17 @@ import torch
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.models.pretrained import load_pretrained
-from lmforge.training import ObjectiveOutput, Trainer, latest_checkpoint
-from tests.training.helpers import LMObjective, ToyData, read_jsonl, tiny_decoder, tiny_lm, train_config
+from lmforge.persistence import load_pretrained
+from lmforge.training import ObjectiveOutput, RunOutput, Trainer, latest_checkpoint
+from tests.training.helpers import (
+    LMObjective,
+    ToyData,
+    read_jsonl,
+    tiny_decoder,
+    tiny_lm,
+    train_config,
+    without_timing,
+)
 
 REQUIRED_TRAIN_KEYS = {"step", "epoch", "loss", "loss_lm", "lm_accuracy", "lr", "grad_norm", "tokens_per_s", "tokens",
                        "elapsed_s"}
@@ -31,7 +39,7 @@ def _sgd_like(**overrides):
 def _trainer_step(tmp_path, micro_batch_size: int) -> dict[str, torch.Tensor]:
     model = tiny_lm()
     Trainer(model, LMObjective(two_terms=True), ToyData(n=32, seed=5), _sgd_like(micro_batch_size=micro_batch_size),
-            tmp_path / f"micro{micro_batch_size}", progress=False).fit()
+            RunOutput(tmp_path / f"micro{micro_batch_size}", progress=False)).fit()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -66,8 +74,8 @@ def test_accumulating_4_x_8_equals_one_batch_of_32(tmp_path):
 def test_run_folder_metrics_curve_checkpoints_and_final_model(tmp_path):
     model, run_config = tiny_decoder(), {"train": {"note": "resolved"}, "data": {"path": "x"}}
     config = train_config(max_steps=4, log_every=2, eval_every=2, save_every=2, keep_last=1)
-    result = Trainer(model, LMObjective(), ToyData(n=16), config, tmp_path, eval_data=ToyData(n=6, seed=9, fixed=True),
-                     run_config=run_config, progress=False).fit()
+    result = Trainer(model, LMObjective(), ToyData(n=16), config, RunOutput(tmp_path, run_config=run_config,
+                     progress=False), eval_data=ToyData(n=6, seed=9, fixed=True)).fit()
 
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     train = [r for r in lines if "loss" in r]
@@ -107,8 +115,8 @@ def lr_at(step: int, max_steps: int, warmup: int) -> float:
 
 def test_model_without_model_config_saves_weights_only(tmp_path):
     model = tiny_lm()
-    Trainer(model, LMObjective(), ToyData(n=8), train_config(max_steps=1, save_every=1), tmp_path,
-            progress=False).fit()
+    Trainer(model, LMObjective(), ToyData(n=8), train_config(max_steps=1, save_every=1),
+            RunOutput(tmp_path, progress=False)).fit()
     assert (tmp_path / "model.safetensors").is_file() and not (tmp_path / "config.json").exists()
     assert (latest_checkpoint(tmp_path) / "trainer_state.pt").is_file()
 
@@ -116,13 +124,14 @@ def test_model_without_model_config_saves_weights_only(tmp_path):
 def test_refuses_an_out_dir_holding_a_run_and_overwrite_moves_it_aside(tmp_path):
     out = tmp_path / "run"
     config = train_config(max_steps=1)
-    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, out, progress=False).fit()
+    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(out, progress=False)).fit()
     with pytest.raises(LmforgeError, match=r"already holds a training run.*--resume auto.*--overwrite"):
-        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, out, progress=False)
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(out, progress=False))
     with pytest.raises(LmforgeError, match="exclude each other"):
-        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, out, resume="auto", overwrite=True, progress=False)
-    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(max_steps=2), out, overwrite=True,
-            progress=False).fit()
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config,
+                RunOutput(out, resume="auto", overwrite=True, progress=False))
+    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(max_steps=2),
+            RunOutput(out, overwrite=True, progress=False)).fit()
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     (aside,) = tmp_path.glob("run.old-*")
     assert [r["step"] for r in read_jsonl(aside / "metrics.jsonl")] == [1]
@@ -130,10 +139,30 @@ def test_refuses_an_out_dir_holding_a_run_and_overwrite_moves_it_aside(tmp_path)
 
 def test_resume_from_an_older_checkpoint_inside_the_run_is_refused(tmp_path):
     config = train_config(max_steps=2, save_every=1)
-    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path, progress=False).fit()
+    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(tmp_path, progress=False)).fit()
     with pytest.raises(LmforgeError, match="later checkpoints exist"):
-        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path, resume=tmp_path / "checkpoints" / "step-1",
-                progress=False)
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config,
+                RunOutput(tmp_path, resume=tmp_path / "checkpoints" / "step-1", progress=False))
+
+
+def test_the_keywords_before_run_output_still_work_for_one_release_and_warn(tmp_path):
+    config = train_config(max_steps=2, save_every=1)
+    Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(tmp_path / "new", progress=False)).fit()
+    deprecated = r"Trainer\(resume=, progress=\.\.\.\) is deprecated.*RunOutput"
+    with pytest.warns(DeprecationWarning, match=deprecated) as seen:
+        old = Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path / "old", resume="never", progress=False)
+    assert seen[0].filename == __file__  # the warning names the caller's line, not lmforge's
+    assert old.output == RunOutput(tmp_path / "old", resume="never", progress=False)
+    old.fit()
+    assert without_timing(read_jsonl(tmp_path / "old" / "metrics.jsonl")) == \
+        without_timing(read_jsonl(tmp_path / "new" / "metrics.jsonl"))  # the same run either way
+    with pytest.warns(DeprecationWarning):  # the folder under its old keyword name
+        assert Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, out_dir=tmp_path / "kw").out_dir == \
+            tmp_path / "kw"
+    with pytest.raises(TypeError, match="inside the RunOutput"):
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, RunOutput(tmp_path / "x"), progress=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'progres'"):
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), config, tmp_path / "x", progres=False)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -145,7 +174,7 @@ def test_batch_size_must_divide(tmp_path):
 def test_nan_loss_stops_with_the_step_and_saves_nothing_corrupt(tmp_path):
     model = tiny_lm()
     config = train_config(max_steps=5, batch_size=4, micro_batch_size=2, save_every=1)
-    trainer = Trainer(model, LMObjective(nan_at_call=5), ToyData(n=16), config, tmp_path, progress=False)
+    trainer = Trainer(model, LMObjective(nan_at_call=5), ToyData(n=16), config, RunOutput(tmp_path, progress=False))
     with pytest.raises(LmforgeError, match=r"diverged: the loss is nan at step 3 .*lower the learning rate \(--lr"):
         trainer.fit()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1", "step-2"]
@@ -159,13 +188,15 @@ def test_objective_counts_must_match_its_losses(tmp_path):
             return {"lm": super().counts(batch)["lm"] + 1}
 
     with pytest.raises(LmforgeError, match="must agree"):
-        Trainer(tiny_lm(), Miscounting(), ToyData(n=8), train_config(max_steps=1), tmp_path, progress=False).fit()
+        Trainer(tiny_lm(), Miscounting(), ToyData(n=8), train_config(max_steps=1),
+                RunOutput(tmp_path, progress=False)).fit()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
 def test_tensorboard_without_the_package_is_a_clear_error(tmp_path):
     with pytest.raises(LmforgeError, match="pip install tensorboard"):
-        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(tensorboard=True), tmp_path, progress=False)
+        Trainer(tiny_lm(), LMObjective(), ToyData(n=8), train_config(tensorboard=True),
+                RunOutput(tmp_path, progress=False))
 
 
 # ---------------------------------------------------------------------------------------------- it learns
@@ -173,8 +204,8 @@ def test_overfits_one_batch(tmp_path):
     model = tiny_decoder(d_model=32, n_heads=2, d_ff=64, dropout=0.0, attention_dropout=0.0)
     config = train_config(max_steps=100, batch_size=4, micro_batch_size=4, lr=1e-2, schedule="constant",
                           warmup_steps=10, weight_decay=0.0, log_every=10)
-    result = Trainer(model, LMObjective(), ToyData(n=4, seed=2, same_batch=True), config, tmp_path,
-                     progress=False).fit()
+    result = Trainer(model, LMObjective(), ToyData(n=4, seed=2, same_batch=True), config,
+                     RunOutput(tmp_path, progress=False)).fit()
     first = read_jsonl(tmp_path / "metrics.jsonl")[0]
     # logged losses are means over 10 steps: steps 1-10 start from ln 99 = 4.6, steps 91-100 memorised the batch
     assert first["loss"] > 3.0 and result["loss"] < 0.05 and result["lm_accuracy"] == 1.0
@@ -182,8 +213,8 @@ def test_overfits_one_batch(tmp_path):
 
 def test_bf16_autocast_trains(tmp_path):
     model = tiny_lm()
-    result = Trainer(model, LMObjective(), ToyData(n=8), train_config(max_steps=2, precision="bf16"), tmp_path,
-                     progress=False).fit()
+    result = Trainer(model, LMObjective(), ToyData(n=8), train_config(max_steps=2, precision="bf16"),
+                     RunOutput(tmp_path, progress=False)).fit()
     assert math.isfinite(result["loss"]) and all(p.dtype == torch.float32 for p in model.parameters())
 
 
@@ -240,8 +271,8 @@ def test_bert_task_model_trains_and_its_folder_loads(tmp_path):
     torch.manual_seed(0)
     backbone = Encoder(config)
     model = TaskModel(backbone, build_head({"type": "pretraining"}, config, backbone))
-    result = Trainer(model, MaskedLMAndNSP(), BertBatches(), train_config(max_steps=3, eval_every=3), tmp_path,
-                     eval_data=BertBatches(n=4, seed=1), progress=False).fit()
+    result = Trainer(model, MaskedLMAndNSP(), BertBatches(), train_config(max_steps=3, eval_every=3),
+                     RunOutput(tmp_path, progress=False), eval_data=BertBatches(n=4, seed=1)).fit()
     assert {"loss_mlm", "loss_nsp", "mlm_accuracy", "eval_loss_mlm", "eval_ppl_mlm", "eval_loss_nsp"} <= set(result)
     assert result["loss"] == pytest.approx(result["loss_mlm"] + result["loss_nsp"])
     loaded = load_pretrained(tmp_path)
@@ -260,8 +291,8 @@ class EndlessToyData(ToyData):
 
 def test_logged_epoch_follows_endless_data(tmp_path):
     data = EndlessToyData(n=8)
-    Trainer(tiny_lm(), LMObjective(), data, train_config(max_steps=6, batch_size=4, log_every=1), tmp_path,
-            progress=False).fit()
+    Trainer(tiny_lm(), LMObjective(), data, train_config(max_steps=6, batch_size=4, log_every=1),
+            RunOutput(tmp_path, progress=False)).fit()
     epochs = [r["epoch"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "loss" in r and "step" in r]
     assert epochs[0] == 0 and epochs[-1] >= 2  # 8 examples, 4 per step: a new epoch every 2 steps
     assert epochs == sorted(epochs)

@@ -16,6 +16,7 @@ from lmforge.heads import TaskModel, build_head
 from lmforge.heads.classification import ConcatPoolingClassifierHead
 from lmforge.models.awd_lstm import AWDLSTM
 from lmforge.objectives.base import ObjectiveOutput
+from lmforge.training import RunOutput
 from lmforge.training.freeze import lr_scales
 from lmforge.training.optim import build_optimizer, lr_multiplier, slanted_triangular
 from lmforge.training.trainer import Trainer
@@ -49,7 +50,7 @@ def test_slanted_triangular_follows_equation_3(T):
 def classifier(n_layers: int = 3, seed: int = 0) -> TaskModel:
     torch.manual_seed(seed)
     config = ModelConfig(arch="awd_lstm", vocab_size=V, d_model=8, d_hidden=11, n_layers=n_layers, max_seq_len=4096,
-                         bidirectional=False, bptt=4, embed_p=0.0, input_p=0.0, hidden_p=0.0, weight_p=0.0,
+                         bptt=4, embed_p=0.0, input_p=0.0, hidden_p=0.0, weight_p=0.0,
                          output_p=0.0)
     backbone = AWDLSTM(config)
     head = build_head({"type": "sequence_classification", "labels": ["a", "b"], "dropout": 0.0}, config, backbone)
@@ -127,8 +128,8 @@ def trainer(model, out, max_steps: int, resume: str = "never", kind: str = "fine
     config = TrainConfig(max_steps=max_steps, batch_size=4, lr=1e-2, save_every=2, log_every=1,
                          schedule="slanted_triangular", weight_decay=0.0)
     callbacks = {"unfreezing": GradualUnfreezing(model, steps_per_stage=2)}
-    return Trainer(model, Classify(), Documents(), config, out, progress=False, resume=resume, callbacks=callbacks,
-                   run_kind=kind, lr_scales=lr_scales(model, lr=1e-2, layer_decay=1 / 2.6))
+    return Trainer(model, Classify(), Documents(), config, RunOutput(out, progress=False, resume=resume, run_kind=kind),
+                   callbacks=callbacks, lr_scales=lr_scales(model, lr=1e-2, layer_decay=1 / 2.6))
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

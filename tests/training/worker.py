@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from lmforge.training import Trainer, init_distributed
+from lmforge.training import RunOutput, Trainer, init_distributed
 from tests.training.helpers import LMObjective, ToyData, tiny_decoder, tiny_lm, train_config
 
 # decoder: dropout on, evaluation, checkpoints every 3 steps (the kill / resume test)
@@ -47,8 +47,8 @@ def main() -> None:
     torch.set_num_threads(1)
     info = init_distributed()
     model, data, eval_data, config = build(args.kind, info.rank, info.world_size, args.die_at, args.parallel)
-    trainer = Trainer(model, LMObjective(two_terms=True), data, config, args.out_dir, eval_data=eval_data,
-                      resume=args.resume, progress=False)
+    trainer = Trainer(model, LMObjective(two_terms=True), data, config,
+                      RunOutput(args.out_dir, resume=args.resume, progress=False), eval_data=eval_data)
     # what this process holds of the parameters: all of them (ddp), half of each (fsdp)
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in trainer.model.parameters())
     print(f"rank {info.rank}: sharded={trainer._sharded} holds {held} parameter values", flush=True)

@@ -38,7 +38,7 @@ def tiny_model(arch: str = "encoder", seed: int = 0, **changes) -> torch.nn.Modu
 
 
 def save_tiny_model(path: Path, arch: str = "encoder", seed: int = 0) -> Path:
-    from lmforge.models.pretrained import save_pretrained
+    from lmforge.persistence import save_pretrained
 
     save_pretrained(tiny_model(arch, seed), path, tokenizer=tiny_tokenizer())
     return path

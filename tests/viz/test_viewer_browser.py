@@ -121,7 +121,7 @@ def test_encoder_viewer_draws_the_model_weights(browser, tmp_path, artifacts, re
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
     from tests.viz.test_plots import run
 
     model_dir = save_tiny_model(tmp_path / "enc", "encoder")
@@ -169,7 +169,7 @@ def test_encoder_viewer_draws_the_model_weights(browser, tmp_path, artifacts, re
 
 
 def test_encoder_decoder_viewer_cross_and_causal_attention(browser, tmp_path, artifacts, record_property):
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
     from tests.viz.test_plots import run
 
     model_dir = save_tiny_model(tmp_path / "s2s", "seq2seq")
@@ -201,7 +201,7 @@ def test_encoder_decoder_viewer_cross_and_causal_attention(browser, tmp_path, ar
 
 @pytest.mark.slow
 def test_minilm_512_tokens(browser, tmp_path, artifacts, minilm_dir, record_property):
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
     from lmforge.viz.attention import collect_attention
     from lmforge.viz.html import write_attention_html
 

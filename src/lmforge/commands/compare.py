@@ -1,4 +1,5 @@
-"""``lmforge compare --config FILE``: from scratch vs static vectors vs pretrain + fine-tune (lmforge.compare)."""
+"""``lmforge compare --config FILE``: from scratch vs static vectors vs pretrain + fine-tune; the comparison
+itself is ``lmforge.recipes.compare``."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
-    from lmforge.compare import compare_config, run_compare
+    from lmforge.recipes.compare import compare_config, run_compare
 
     values = load_toml(args.config)
     for key in ("out", "sizes", "seeds", "pretrained"):

@@ -161,7 +161,7 @@ def run_fewshot(args: argparse.Namespace) -> int:
 
 def _load(directory: str, *, scoring: bool) -> tuple[Any, Any]:
     """The model and tokenizer of a folder; refuses a model that is not a causal LM before any data is read."""
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
     from lmforge.prompting import causal_lm_for
 
     loaded = load_pretrained(directory, with_head=False)

@@ -126,7 +126,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _load(directory: str) -> tuple[Any, Any, Architecture]:
     """The model, its tokenizer and its family's record; refuses models that do not generate."""
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(directory, with_head=False)
     arch = loaded.config.arch

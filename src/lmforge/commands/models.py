@@ -24,7 +24,7 @@ from lmforge.utils.io import (
     staged_output_dir,
 )
 
-WEIGHTS_NAME = "model.safetensors"  # as lmforge.models.pretrained
+WEIGHTS_NAME = "model.safetensors"  # as lmforge.utils.model_folder
 COMBINES = ("mean", "sum", "concat")
 
 
@@ -55,7 +55,7 @@ def run_embed(args: argparse.Namespace) -> int:
 
     from lmforge.embeddings.contextual import embed_texts, parse_layers
     from lmforge.models import architecture
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     out = Path(args.out)
     if args.word_pooling is not None and args.pooling is not None:
@@ -129,7 +129,7 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     from safetensors.torch import save
 
-    from lmforge.models.pretrained import dedupe_tied, load_pretrained, read_config, save_pretrained
+    from lmforge.persistence import dedupe_tied, load_pretrained, read_config, save_pretrained
 
     source = args.from_hf or args.to_hf
     out = prepare_output_dir(args.out, overwrite=args.overwrite, inputs=[source], create=False)

@@ -47,7 +47,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = ("Any setting can also be given as --section.key=value, e.g. --train.warmup_ratio=0.1 "
                 "--model.dropout=0.0 --data.mask_prob=0.2 (TOML values; strings may be bare). Objective plm "
                 "(XLNet): --data.partial_k (6: about 1/K of the tokens are predicted), --data.plm_max_span (5 words), "
-                "--data.num_predict (prediction rows per sequence; default ceil(seq_len / partial_k)).")
+                "--data.num_predict (prediction rows per sequence; default ceil(seq_len / partial_k)). An "
+                "objective's own loss options: --loss.rtd_weight (electra, 50), --loss.ar_alpha / --loss.tar_beta "
+                "(awd_lm, 0), --loss.eval_mem_len (txl: the memory kept while evaluating).")
     p.add_argument("--config", metavar="FILE", help="a TOML recipe (configs/*.toml)")
     p.add_argument("--preset", help="model size: bert-tiny ... bert-large, albert-mini ... albert-xxlarge (objective "
                    "mlm+sop), distilbert-base, gpt-nano ... gpt2-small, elmo-small, elmo-original, awd-lstm(-small), "

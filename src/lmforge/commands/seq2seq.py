@@ -74,7 +74,7 @@ def resolve_run(args: argparse.Namespace) -> Seq2SeqRun:
 
 
 def run_train_seq2seq(args: argparse.Namespace) -> int:
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
 
     run = resolve_run(args)
     trainer, tokenizer, test = build_seq2seq_trainer(run, resume=args.resume, overwrite=args.overwrite)

@@ -77,7 +77,7 @@ def add_attention_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_attention(args: argparse.Namespace) -> int:
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
     from lmforge.viz.attention import collect_attention
 
     out = _output(args.out, (".png", ".html"), args.overwrite, (args.model, args.text_file, args.pair_file))

@@ -86,9 +86,20 @@ def check_head_spec(spec: Any, where: str = "head") -> dict[str, Any]:
     return typed  # the task settings saved beside the head are checked where tasks are known (persistence)
 
 
+def build_model(config: ModelConfig, head: dict[str, Any] | None) -> nn.Module:
+    """The module a model folder describes: the backbone of ``config``, under the head ``head`` describes (a
+    ``TaskModel``) unless ``head`` is None. The ``build`` that ``lmforge.models.loading.load_folder`` takes."""
+    from lmforge.models.loading import build_backbone
+
+    backbone = build_backbone(config)
+    if head is None:
+        return backbone
+    return TaskModel(backbone, build_head(head, config, backbone))
+
+
 def _builder(kind: str) -> Callable[..., nn.Module]:
     module, name = _BUILDERS[kind]
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["TASK_KEY", "TaskModel", "build_head", "check_head_spec"]
+__all__ = ["TASK_KEY", "TaskModel", "build_head", "build_model", "check_head_spec"]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.models import PretrainedMixin
-from lmforge.nn.linear_ce import linear_cross_entropy
+from lmforge.nn.kernels.linear_ce import linear_cross_entropy
 
 
 class TaskModel(PretrainedMixin, nn.Module):
@@ -18,7 +18,7 @@ class TaskModel(PretrainedMixin, nn.Module):
     (ELECTRA's discriminator reads the text its generator corrupted).
 
     State-dict keys are ``backbone.*`` and ``head.*``, so a backbone can be taken out of a task checkpoint
-    (``lmforge.models.pretrained.load_backbone``) and put under another head.
+    (``lmforge.persistence.load_backbone``) and put under another head.
 
     Args:
         backbone: e.g. ``lmforge.models.Encoder``; called with ``input_ids`` and the optional masks.
@@ -39,6 +39,18 @@ class TaskModel(PretrainedMixin, nn.Module):
         # a GPT (the gpt_inputs capability): its vocabulary projection runs only for the auxiliary LM loss
         self._optional_logits = config is not None and architecture(config.arch).gpt_inputs
 
+    @classmethod
+    def from_pretrained(cls, path: Any) -> TaskModel:
+        """The task model saved in ``path`` (a folder with a head: fine-tuned, or a pretraining folder), head rebuilt.
+
+        Raises:
+            LmforgeError: the folder holds a bare backbone (no head), or anything ``load_folder`` refuses.
+        """
+        from lmforge.heads import build_model
+        from lmforge.models.loading import as_module, load_folder
+
+        return as_module(load_folder(path, with_head=True, build=build_model), path, expect=cls)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None, *, return_lm_loss: bool = False, **head_inputs: Any) -> Any:
         """The head's output; with ``return_lm_loss`` (a language-model backbone, GPT-1's auxiliary objective)
@@ -49,7 +61,7 @@ class TaskModel(PretrainedMixin, nn.Module):
         if self._pooled_only and not return_lm_loss:
             inputs["pooled_only"] = True
         # the auxiliary LM loss straight from the final states when the backbone exposes its output projection
-        # (lmforge.nn.linear_ce: the (B, T, V) logits are never held); else from the backbone's logits
+        # (lmforge.nn.kernels.linear_ce: the (B, T, V) logits are never held); else from the backbone's logits
         weight = getattr(self.backbone, "output_weight", None) if return_lm_loss else None
         if self._optional_logits:
             inputs["return_logits"] = return_lm_loss and not isinstance(weight, Tensor)
@@ -64,7 +76,7 @@ class TaskModel(PretrainedMixin, nn.Module):
         if isinstance(weight, Tensor):
             hidden = out.last_hidden_state[:, :-1]  # (B, T-1, D): each position predicts the next token
             targets = next_token_targets(input_ids, attention_mask)  # (B, T-1)
-            loss, _ = linear_cross_entropy(hidden.flatten(0, 1), weight, targets.flatten())
+            loss, _ = next_token_cross_entropy(targets, hidden=hidden, weight=weight)
             return result, (loss, (targets != -100).sum())
         if getattr(out, "logits", None) is None:
             raise TypeError(f"{type(self.backbone).__name__} returns no LM logits; the auxiliary LM loss needs a "
@@ -81,9 +93,44 @@ def next_token_loss(logits: Tensor, input_ids: Tensor, attention_mask: Tensor | 
         attention_mask: (B, T) 1 = real token (any padding side), or None.
     """
     targets = next_token_targets(input_ids, attention_mask)  # (B, T-1)
-    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=-100,
-                           reduction="sum")
+    loss, _ = next_token_cross_entropy(targets, logits=logits[:, :-1])
     return loss, (targets != -100).sum()
+
+
+def next_token_cross_entropy(labels: Tensor, *, logits: Tensor | None = None, hidden: Tensor | None = None,
+                             weight: Tensor | None = None, ignore_index: int = -100,
+                             accuracy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The next-token loss, one implementation for ``TaskModel``'s auxiliary LM loss and
+    ``lmforge.objectives.CausalLMObjective``: the summed cross-entropy of the prediction at each position against
+    ``labels`` (the next token there), and the number of correct argmax predictions.
+
+    From the final states and the output projection (``hidden`` and ``weight``) it is
+    ``lmforge.nn.kernels.linear_ce``: the projection, the loss, the count and the projection's gradient in one pass
+    over row chunks, so the (N, V) logits are never held. From ``logits`` it is ``F.cross_entropy`` in fp32.
+
+    Args:
+        labels: (B, T) target ids, ``ignore_index`` where nothing is predicted.
+        logits: (B, T, V) scores; or
+        hidden: (B, T, D) final states, with ``weight``: (V, D) the output projection.
+        ignore_index: the label of positions without a target.
+        accuracy: also count the correct predictions from ``logits`` (one more pass over them; from ``hidden`` the
+            count is always returned, it costs nothing there).
+
+    Returns:
+        (loss sum () fp32, correct () int64, or None from logits without ``accuracy``).
+    """
+    if weight is not None:
+        if hidden is None:
+            raise ValueError("next_token_cross_entropy: the output projection weight needs the final states hidden")
+        return linear_cross_entropy(hidden.flatten(0, 1), weight, labels.flatten(), ignore_index=ignore_index)
+    if logits is None:
+        raise ValueError("next_token_cross_entropy needs logits, or hidden states and the output projection weight")
+    # ignore_index instead of gathering the valid rows: a gather would copy the whole (N, V) logits
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
+                           reduction="sum")
+    if not accuracy:
+        return loss, None
+    return loss, ((logits.detach().argmax(-1) == labels) & (labels != ignore_index)).sum()
 
 
 def next_token_targets(input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.kernels.packed_dropout import Dropout
 
 
 class SequenceClassificationOutput(NamedTuple):

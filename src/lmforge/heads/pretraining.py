@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.feedforward import ACTIVATIONS
-from lmforge.nn.tied_embedding import tied_linear
+from lmforge.nn.kernels.tied_embedding import tied_linear
 
 __all__ = [
     "BertPreTrainingHeads",

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.kernels.packed_dropout import Dropout
 
 __all__ = ["QAOutput", "QuestionAnsweringHead", "build_qa_head"]
 

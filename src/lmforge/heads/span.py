@@ -27,9 +27,9 @@ from lmforge.choices import SPAN_POOLINGS
 from lmforge.config import ModelConfig
 from lmforge.data.spans import count_spans, enumerate_spans
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import masked_softmax
 from lmforge.nn.feedforward import ACTIVATIONS
-from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.kernels.packed_dropout import Dropout
+from lmforge.nn.scores import masked_softmax
 
 SPAN_FEATURES = ("lecture", "width")
 SPAN_DECODINGS = ("flat", "nested")

@@ -37,7 +37,7 @@ from lmforge.choices import TAG_SCHEMES
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.crf import LinearChainCRF
-from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.kernels.packed_dropout import Dropout
 from lmforge.nn.pooling import WORD_POOLINGS, pool_words
 
 __all__ = [

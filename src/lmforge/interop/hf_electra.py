@@ -25,65 +25,46 @@ Nothing here imports transformers: configs are plain dicts (``config.json``), st
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
-from lmforge.config import ModelConfig, coerce
+from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import (
-    _ACT_FROM_HF,
-    _ACT_TO_HF,
-    _LAYER,
-    check_tied_decoder,
-    encoder_export_problems,
-    refuse_unexpected,
-)
+from lmforge.interop import hf_bert
+from lmforge.interop.common import ACT_TO_HF, check_architecture, refuse_export
+from lmforge.interop.keymap import KeyMap, with_leaves
 
-__all__ = ["ARCHITECTURES", "architecture_of", "config_from_hf", "config_to_hf", "generator_state_dicts",
-           "state_dict_from_hf", "state_dict_to_hf"]
+__all__ = ["ARCHITECTURES", "KEYS", "TIED_DECODER_WEIGHT", "architecture_of", "config_from_hf", "config_to_hf",
+           "generator_state_dicts", "state_dict_from_hf", "state_dict_to_hf"]
 
 ARCHITECTURES = ("ElectraModel", "ElectraForPreTraining", "ElectraForMaskedLM")
-
-# Ours <-> HF, relative to the model ("electra." is added for the task layouts).
-_EMBEDDINGS = {
-    "embeddings.tokens.weight": "embeddings.word_embeddings.weight",
-    "embeddings.positions.weight": "embeddings.position_embeddings.weight",
-    "embeddings.segments.weight": "embeddings.token_type_embeddings.weight",
-    "embeddings.norm.weight": "embeddings.LayerNorm.weight",
-    "embeddings.norm.bias": "embeddings.LayerNorm.bias",
-    "embeddings.projection.weight": "embeddings_project.weight",
-    "embeddings.projection.bias": "embeddings_project.bias",
-}
-# head type -> {our head key: HF key}
-_HEADS = {
-    "rtd": {
-        "rtd.dense.weight": "discriminator_predictions.dense.weight",
-        "rtd.dense.bias": "discriminator_predictions.dense.bias",
-        "rtd.prediction.weight": "discriminator_predictions.dense_prediction.weight",
-        "rtd.prediction.bias": "discriminator_predictions.dense_prediction.bias",
-    },
-    "mlm": {
-        "mlm.dense.weight": "generator_predictions.dense.weight",
-        "mlm.dense.bias": "generator_predictions.dense.bias",
-        "mlm.norm.weight": "generator_predictions.LayerNorm.weight",
-        "mlm.norm.bias": "generator_predictions.LayerNorm.bias",
-        "mlm.bias": "generator_lm_head.bias",
-    },
-}
 _ARCHITECTURE_OF = {None: "ElectraModel", "rtd": "ElectraForPreTraining", "mlm": "ElectraForMaskedLM"}
-_HEAD_PREFIXES = ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.")
+
 # A copy of the word embedding (the tied un-embedding), checked on import, written on export when asked.
 TIED_DECODER_WEIGHT = "generator_lm_head.weight"
-# Buffers that some checkpoints carry and that carry no weights.
-_IGNORED = {"embeddings.position_ids", "embeddings.token_type_ids"}
-
-_HF_LAYER_KEY = re.compile(r"encoder\.layer\.(\d+)\.(.+)\.(weight|bias)")
-_FROM_HF_EMBEDDINGS = {hf: ours for ours, hf in _EMBEDDINGS.items()}
-_FROM_HF_LAYER = {hf: ours for ours, hf in _LAYER.items()}
-_FROM_HF_HEADS = {hf: (kind, ours) for kind, names in _HEADS.items() for ours, hf in names.items()}
+KEYS = KeyMap(
+    family="ELECTRA",
+    checkpoints="an ElectraModel, ElectraForPreTraining or ElectraForMaskedLM",
+    top={**hf_bert.BERT_EMBEDDINGS, **with_leaves({"embeddings.projection": "embeddings_project"})},
+    layer=hf_bert.BERT_LAYER,
+    prefix="electra.",
+    # two heads, one per Hugging Face class: the discriminator's ("rtd") and the generator's ("mlm")
+    heads={
+        **with_leaves({"rtd.dense": "discriminator_predictions.dense",
+                       "rtd.prediction": "discriminator_predictions.dense_prediction"}),
+        **with_leaves({"mlm.dense": "generator_predictions.dense", "mlm.norm": "generator_predictions.LayerNorm"}),
+        "mlm.bias": "generator_lm_head.bias",
+    },
+    tied={TIED_DECODER_WEIGHT: "embeddings.tokens.weight"},
+    ignored=hf_bert.BERT_BUFFERS,
+    exportable="only a post-LN encoder without a pooler, with learned positions, and an 'rtd' or an 'mlm' head can "
+               "be exported",
+)
+# Heads of two kinds together have no Hugging Face class: their export names every head key as one without a name.
+_WITHOUT_HEADS = dataclasses.replace(KEYS, heads={})
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -101,51 +82,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     Raises:
         LmforgeError: a setting our encoder cannot reproduce (names the key, the value and what is supported).
     """
-    model_type = hf.get("model_type", "electra")
-    if model_type != "electra":
-        raise LmforgeError(f"config model_type={model_type!r} is not an ELECTRA checkpoint (expected 'electra')")
-    position_type = hf.get("position_embedding_type", "absolute")
-    if position_type != "absolute":
-        raise LmforgeError(f"position_embedding_type={position_type!r} is not supported; only 'absolute' (learned) "
-                           "positions can be imported")
-    if hf.get("is_decoder") or hf.get("add_cross_attention"):
-        raise LmforgeError("this ELECTRA config is a decoder (is_decoder / add_cross_attention); only the "
-                           "bidirectional encoder can be imported")
-    act = hf.get("hidden_act", "gelu")
-    if not isinstance(act, str) or act not in _ACT_FROM_HF:
-        raise LmforgeError(f"hidden_act={act!r} is not supported; choose one of {', '.join(_ACT_FROM_HF)}")
-    if not hf.get("tie_word_embeddings", True):
-        raise LmforgeError("tie_word_embeddings=false: untied generator heads are not supported")
-    missing = [k for k in ("vocab_size", "hidden_size", "num_attention_heads", "num_hidden_layers") if k not in hf]
-    if missing:
-        raise LmforgeError(f"ELECTRA config lacks {', '.join(missing)}")
-
-    def get(key: str, default: Any, kind: Any = int) -> Any:  # checked before any arithmetic on the value
-        return coerce(hf.get(key, default), kind, key)
-
-    hidden = get("hidden_size", None)
+    get, fields = hf_bert.encoder_config_fields(hf, "ELECTRA", untied_heads="untied generator heads")
     embedding = get("embedding_size", 128)
-    return ModelConfig(
-        arch="encoder",
-        vocab_size=get("vocab_size", None),
-        d_model=hidden,
-        n_heads=get("num_attention_heads", None),
-        n_layers=get("num_hidden_layers", None),
-        d_ff=get("intermediate_size", 4 * hidden),
-        max_seq_len=get("max_position_embeddings", 512),
-        dropout=get("hidden_dropout_prob", 0.1, float),
-        attention_dropout=get("attention_probs_dropout_prob", 0.1, float),
-        activation=_ACT_FROM_HF[act],
-        norm_first=False,
-        layer_norm_eps=get("layer_norm_eps", 1e-12, float),
-        positional="learned",
-        type_vocab_size=get("type_vocab_size", 2),
-        tie_embeddings=True,
-        pad_token_id=get("pad_token_id", None, int | None) or 0,
-        init_std=get("initializer_range", 0.02, float),
-        embedding_size=None if embedding == hidden else embedding,
-        pooler=False,
-    )
+    return ModelConfig(**fields, embedding_size=None if embedding == fields["d_model"] else embedding, pooler=False)
 
 
 def config_to_hf(config: ModelConfig, architecture: str = "ElectraForPreTraining") -> dict[str, Any]:
@@ -160,9 +99,8 @@ def config_to_hf(config: ModelConfig, architecture: str = "ElectraForPreTraining
     Raises:
         LmforgeError: the config uses something HF's ELECTRA does not have (names each option).
     """
-    if architecture not in ARCHITECTURES:
-        raise LmforgeError(f"architecture={architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
-    problems = encoder_export_problems(config, "ELECTRA")
+    check_architecture(architecture, ARCHITECTURES)
+    problems = hf_bert.encoder_export_problems(config, "ELECTRA")
     if config.share_layers != "none":
         problems.append(f"share_layers={config.share_layers!r} (HF ELECTRA shares no layers)")
     if config.type_vocab_size < 1:
@@ -172,27 +110,8 @@ def config_to_hf(config: ModelConfig, architecture: str = "ElectraForPreTraining
     if architecture == "ElectraForMaskedLM" and config.activation != "gelu":
         problems.append(f"activation={config.activation!r} with an MLM head (HF's generator transform is always "
                         "GELU)")
-    if problems:
-        raise LmforgeError("cannot express this model as a Hugging Face ELECTRA: " + "; ".join(problems))
-    return {
-        "architectures": [architecture],
-        "model_type": "electra",
-        "vocab_size": config.vocab_size,
-        "embedding_size": config.d_embedding,
-        "hidden_size": config.d_model,
-        "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads,
-        "intermediate_size": config.d_ff,
-        "hidden_act": _ACT_TO_HF[config.activation],
-        "hidden_dropout_prob": config.dropout,
-        "attention_probs_dropout_prob": config.attention_dropout,
-        "max_position_embeddings": config.max_seq_len,
-        "type_vocab_size": config.type_vocab_size,
-        "initializer_range": config.init_std,
-        "layer_norm_eps": config.layer_norm_eps,
-        "pad_token_id": config.pad_token_id,
-        "tie_word_embeddings": True,
-    }
+    refuse_export(problems, "ELECTRA")
+    return hf_bert.encoder_config_dict(config, architecture, "electra", embedding_size=config.d_embedding)
 
 
 # ---------------------------------------------------------------------------------------------- state dicts
@@ -215,48 +134,24 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor], config: ModelConfig | None =
         LmforgeError: an unexpected key (named), both heads in one state dict, an untied generator decoder, or a
             generator whose activation is not GELU.
     """
-    keys = [k for k in hf_sd if not k.startswith(_HEAD_PREFIXES)]
-    prefixed = bool(keys) and all(k.startswith("electra.") for k in keys)
-    encoder_sd: dict[str, Tensor] = {}
-    heads_sd: dict[str, Tensor] = {}
-    kinds: set[str] = set()
-    decoder_weight = None
-    unexpected = []
-    for raw_key, value in hf_sd.items():
-        if raw_key.startswith(_HEAD_PREFIXES):
-            if raw_key == TIED_DECODER_WEIGHT:
-                decoder_weight = value
-                kinds.add("mlm")
-            elif raw_key in _FROM_HF_HEADS:
-                kind, ours = _FROM_HF_HEADS[raw_key]
-                kinds.add(kind)
-                heads_sd[ours] = value
-            else:
-                unexpected.append(raw_key)
-            continue
-        key = raw_key[len("electra."):] if prefixed else raw_key
-        if key in _IGNORED:
-            continue
-        m = _HF_LAYER_KEY.fullmatch(key)
-        if key in _FROM_HF_EMBEDDINGS:
-            encoder_sd[_FROM_HF_EMBEDDINGS[key]] = value
-        elif m is not None and m.group(2) in _FROM_HF_LAYER:
-            encoder_sd[f"layers.{m.group(1)}.{_FROM_HF_LAYER[m.group(2)]}.{m.group(3)}"] = value
-        else:
-            unexpected.append(raw_key)
-    refuse_unexpected(unexpected, "ELECTRA", "an ElectraModel, ElectraForPreTraining or ElectraForMaskedLM")
+    state, repeats = KEYS.rename_from_hf(hf_sd)
+    # quirk: two heads, one per class: the head type is the first name component of its keys ("rtd", "mlm")
+    kinds = {key.split(".", 1)[0] for key in state if key in KEYS.heads}
+    if TIED_DECODER_WEIGHT in repeats:
+        kinds.add("mlm")
     if len(kinds) > 1:
         raise LmforgeError("the ELECTRA state dict holds both a discriminator head (discriminator_predictions.*) and "
                            "a generator head (generator_*); Hugging Face keeps them in two checkpoints: import each "
                            "on its own")
     kind = next(iter(kinds), None)
-    if decoder_weight is not None and not decoder_weight.is_meta:
-        check_tied_decoder(encoder_sd.get("embeddings.tokens.weight"), decoder_weight, TIED_DECODER_WEIGHT)
+    KEYS.resolve_tied(state, repeats)
+    # quirk: Hugging Face's generator transform is exact GELU whatever hidden_act says, ours the model's activation
     if kind == "mlm" and config is not None and config.activation != "gelu":
-        raise LmforgeError(f"an ElectraForMaskedLM with hidden_act {_ACT_TO_HF.get(config.activation)!r}: Hugging "
+        raise LmforgeError(f"an ElectraForMaskedLM with hidden_act {ACT_TO_HF.get(config.activation)!r}: Hugging "
                            "Face's generator head applies exact GELU whatever hidden_act says, lmforge's MLM head the "
                            "model's activation, so the outputs would differ; only hidden_act 'gelu' is supported")
-    return encoder_sd, (heads_sd or None), kind
+    encoder_sd, heads_sd = KEYS.split_heads(state)
+    return encoder_sd, heads_sd, kind
 
 
 def state_dict_to_hf(encoder_sd: Mapping[str, Tensor], heads_sd: Mapping[str, Tensor] | None = None, *,
@@ -275,34 +170,8 @@ def state_dict_to_hf(encoder_sd: Mapping[str, Tensor], heads_sd: Mapping[str, Te
         LmforgeError: a key with no ELECTRA name (e.g. ``pooler.*``, ``final_norm.*``), or heads of both kinds.
     """
     kinds = {key.split(".", 1)[0] for key in heads_sd or {}}
-    kind = next(iter(kinds), None)
-    prefix = "" if heads_sd is None else "electra."
-    out: dict[str, Tensor] = {}
-    unknown = []
-    for key, value in encoder_sd.items():
-        hf_key = _EMBEDDINGS.get(key)
-        parts = key.split(".", 2)
-        if hf_key is None and len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit():
-            module, _, leaf = parts[2].rpartition(".")
-            if module in _LAYER and leaf in ("weight", "bias"):
-                hf_key = f"encoder.layer.{parts[1]}.{_LAYER[module]}.{leaf}"
-        if hf_key is None:
-            unknown.append(key)
-        else:
-            out[prefix + hf_key] = value
-    names = _HEADS.get(kind, {}) if len(kinds) == 1 else {}
-    for key, value in (heads_sd or {}).items():
-        if key in names:
-            out[names[key]] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise LmforgeError(f"no Hugging Face ELECTRA name for key(s) {', '.join(map(repr, unknown[:10]))}; only a "
-                           "post-LN encoder without a pooler, with learned positions, and an 'rtd' or an 'mlm' head "
-                           "can be exported")
-    if kind == "mlm" and include_tied:
-        out[TIED_DECODER_WEIGHT] = out[prefix + _EMBEDDINGS["embeddings.tokens.weight"]]
-    return out
+    keys = KEYS if len(kinds) <= 1 else _WITHOUT_HEADS
+    return keys.to_hf({**encoder_sd, **(heads_sd or {})}, prefixed=heads_sd is not None, include_tied=include_tied)
 
 
 def architecture_of(head_type: str | None) -> str:

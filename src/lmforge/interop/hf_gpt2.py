@@ -32,19 +32,10 @@ from torch import Tensor
 
 from lmforge.config import ModelConfig, coerce
 from lmforge.errors import LmforgeError
+from lmforge.interop.common import ACT_FROM_HF, ACT_TO_HF
+from lmforge.interop.keymap import KeyMap, with_leaves
 
-__all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
-
-# Hugging Face activation names <-> ours.
-_ACT_FROM_HF = {
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu": "gelu",
-    "relu": "relu",
-    "quick_gelu": "gelu_sigmoid",
-}
-_ACT_TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "gelu_sigmoid": "quick_gelu"}
+__all__ = ["KEYS", "config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
 
 # GPT2Config defaults, used when a config.json omits a key.
 _HF_DEFAULTS: dict[str, Any] = {
@@ -60,28 +51,25 @@ _HF_TYPES: dict[str, Any] = {
     "layer_norm_epsilon": float, "initializer_range": float, "tie_word_embeddings": bool,
 }
 
-# Non-parameter buffers that older checkpoints saved (the causal-mask table and its fill value).
-_IGNORED_LAYER_BUFFERS = ("attn.bias", "attn.masked_bias")
-
-_LAYER_NAMES = {  # GPT-2 sub-name -> (our sub-name, transpose)
-    "ln_1.weight": ("self_attn_norm.weight", False),
-    "ln_1.bias": ("self_attn_norm.bias", False),
-    "attn.c_proj.weight": ("self_attn.out_proj.weight", True),
-    "attn.c_proj.bias": ("self_attn.out_proj.bias", False),
-    "ln_2.weight": ("ffn_norm.weight", False),
-    "ln_2.bias": ("ffn_norm.bias", False),
-    "mlp.c_fc.weight": ("ffn.fc1.weight", True),
-    "mlp.c_fc.bias": ("ffn.fc1.bias", False),
-    "mlp.c_proj.weight": ("ffn.fc2.weight", True),
-    "mlp.c_proj.bias": ("ffn.fc2.bias", False),
-}
-_TOP_NAMES = {
-    "wte.weight": "token_embedding.weight",
-    "wpe.weight": "position_embedding.weight",
-    "ln_f.weight": "final_norm.weight",
-    "ln_f.bias": "final_norm.bias",
-}
-_LAYER_KEY = re.compile(r"^h\.(\d+)\.(.+)$")
+_QKV = ("q_proj", "k_proj", "v_proj")  # c_attn's three parts, in its column order
+KEYS = KeyMap(
+    family="GPT-2",
+    checkpoints="a GPT2LMHeadModel or GPT2Model",
+    top={"token_embedding.weight": "wte.weight", "position_embedding.weight": "wpe.weight",
+         **with_leaves({"final_norm": "ln_f"})},
+    hf_layer="h.{i}.",
+    # self_attn.{q,k,v}_proj are c_attn, fused: see _split_c_attn / _collect_qkv
+    layer=with_leaves({"self_attn_norm": "ln_1", "self_attn.out_proj": "attn.c_proj", "ffn_norm": "ln_2",
+                       "ffn.fc1": "mlp.c_fc", "ffn.fc2": "mlp.c_proj"}),
+    prefix="transformer.",
+    # untied only; a tied head is dropped (see state_dict_from_hf)
+    heads={"lm_head.weight": "lm_head.weight"},
+    # non-parameter buffers that older checkpoints saved (the causal-mask table and its fill value)
+    ignored=("h.{i}.attn.bias", "h.{i}.attn.masked_bias"),
+    # quirk: GPT-2's projections are Conv1D, weights (in, out) for x @ W + b; nn.Linear stores (out, in)
+    transposed=frozenset({"self_attn.out_proj.weight", "ffn.fc1.weight", "ffn.fc2.weight"}),
+)
+_OUR_QKV = re.compile(r"self_attn\.([qkv]_proj)\.(weight|bias)")
 
 
 # ---------------------------------------------------------------------------------------------------------- configs
@@ -115,8 +103,8 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if hf.get("scale_attn_by_inverse_layer_idx"):
         problems.append("scale_attn_by_inverse_layer_idx=True is not supported")
     act = get("activation_function")
-    if act not in _ACT_FROM_HF:
-        problems.append(f"activation_function={act!r} is not one of {', '.join(_ACT_FROM_HF)}")
+    if act not in ACT_FROM_HF:
+        problems.append(f"activation_function={act!r} is not one of {', '.join(ACT_FROM_HF)}")
     if problems:
         raise LmforgeError("unsupported GPT-2 config: " + "; ".join(problems))
     if get("embd_pdrop") != get("resid_pdrop"):
@@ -135,11 +123,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         max_seq_len=get("n_positions"),
         dropout=get("resid_pdrop"),
         attention_dropout=get("attn_pdrop"),
-        activation=_ACT_FROM_HF[act],
+        activation=ACT_FROM_HF[act],
         norm_first=True,
         layer_norm_eps=get("layer_norm_epsilon"),
         positional="learned",
-        type_vocab_size=0,
         tie_embeddings=get("tie_word_embeddings"),
         scale_embeddings=False,
         init_std=get("initializer_range"),
@@ -181,7 +168,7 @@ def config_to_hf(config: ModelConfig, **extra: Any) -> dict[str, Any]:
         "n_layer": config.n_layers,
         "n_head": config.n_heads,
         "n_inner": config.d_ff,
-        "activation_function": _ACT_TO_HF[config.activation],
+        "activation_function": ACT_TO_HF[config.activation],
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,
         "attn_pdrop": config.attention_dropout,
@@ -197,6 +184,20 @@ def config_to_hf(config: ModelConfig, **extra: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- state dicts
+def _split_c_attn(key: str, value: Tensor) -> dict[str, Tensor] | None:
+    """Quirk: GPT-2 fuses q, k and v into one Conv1D, ``c_attn`` (D, 3D): split along its output columns."""
+    parsed = KEYS.hf_layer_key(key)
+    if parsed is None or parsed[1] not in ("attn.c_attn.weight", "attn.c_attn.bias"):
+        return None
+    layer, kind = parsed[0], parsed[1].rsplit(".", 1)[1]
+    width = value.shape[-1]
+    if width % 3:
+        raise LmforgeError(f"{key}: fused q/k/v width {width} is not a multiple of 3")
+    parts = value.split(width // 3, dim=-1)  # q, k, v: (D, D) each for weights, (D,) for biases
+    return {f"layers.{layer}.self_attn.{proj}.{kind}": part.t().contiguous() if kind == "weight" else part.clone()
+            for proj, part in zip(_QKV, parts, strict=True)}
+
+
 def state_dict_from_hf(hf_sd: dict[str, Tensor], config: ModelConfig | None = None) -> dict[str, Tensor]:
     """Convert a GPT2LMHeadModel or GPT2Model state dict to ``Decoder`` keys.
 
@@ -215,43 +216,9 @@ def state_dict_from_hf(hf_sd: dict[str, Tensor], config: ModelConfig | None = No
         LmforgeError: naming any unexpected key, a c_attn whose width is not a multiple of 3, or a head that
             contradicts the config.
     """
-    out: dict[str, Tensor] = {}
-    unexpected = []
-    lm_head: Tensor | None = None
-    for key, value in hf_sd.items():
-        name = key[len("transformer."):] if key.startswith("transformer.") else key
-        match = _LAYER_KEY.match(name)
-        if match is not None and match.group(2) in _IGNORED_LAYER_BUFFERS:
-            continue
-        if key == "lm_head.weight":
-            lm_head = value
-            continue
-        if name in _TOP_NAMES:
-            out[_TOP_NAMES[name]] = value
-            continue
-        if match is None:
-            unexpected.append(key)
-            continue
-        layer, sub = match.group(1), match.group(2)
-        prefix = f"layers.{layer}."
-        if sub in ("attn.c_attn.weight", "attn.c_attn.bias"):
-            width = value.shape[-1]
-            if width % 3:
-                raise LmforgeError(f"{key}: fused q/k/v width {width} is not a multiple of 3")
-            parts = value.split(width // 3, dim=-1)  # q, k, v: (D, D) each for weights, (D,) for biases
-            kind = sub.rsplit(".", 1)[1]
-            for proj, part in zip(("q_proj", "k_proj", "v_proj"), parts, strict=True):
-                out[f"{prefix}self_attn.{proj}.{kind}"] = part.t().contiguous() if kind == "weight" else part.clone()
-            continue
-        if sub not in _LAYER_NAMES:
-            unexpected.append(key)
-            continue
-        ours, transpose = _LAYER_NAMES[sub]
-        out[prefix + ours] = value.t().contiguous() if transpose else value
-    if unexpected:
-        raise LmforgeError(
-            f"unexpected key(s) in the GPT-2 state dict: {', '.join(unexpected)} (expected GPT2LMHeadModel or "
-            "GPT2Model keys such as transformer.wte.weight, transformer.h.0.attn.c_attn.weight)")
+    out = KEYS.from_hf(hf_sd, _split_c_attn)
+    # quirk: whether the head is tied is the config's to say, not the table's
+    lm_head = out.pop("lm_head.weight", None)
     if "token_embedding.weight" not in out:
         raise LmforgeError("the GPT-2 state dict has no token embedding (wte.weight / transformer.wte.weight)")
     wte = out["token_embedding.weight"]
@@ -283,46 +250,31 @@ def state_dict_to_hf(sd: dict[str, Tensor], config: ModelConfig) -> dict[str, Te
         LmforgeError: naming any key that has no GPT-2 counterpart or a missing q/k/v projection.
     """
     config_to_hf(config)  # raises if GPT-2 cannot express the config
-    inverse_top = {ours: theirs for theirs, ours in _TOP_NAMES.items()}
-    inverse_layer = {ours: (theirs, t) for theirs, (ours, t) in _LAYER_NAMES.items()}
-    ours_key = re.compile(r"^layers\.(\d+)\.(.+)$")
-    out: dict[str, Tensor] = {}
     qkv: dict[tuple[str, str], dict[str, Tensor]] = {}  # (layer, weight|bias) -> {q_proj: ...}
-    unexpected = []
-    for key, value in sd.items():
-        if key in inverse_top:
-            out["transformer." + inverse_top[key]] = value
-            continue
-        if key == "lm_head.weight":
-            out["lm_head.weight"] = value
-            continue
-        match = ours_key.match(key)
-        if match is None:
-            unexpected.append(key)
-            continue
-        layer, sub = match.group(1), match.group(2)
-        proj = re.match(r"^self_attn\.([qkv]_proj)\.(weight|bias)$", sub)
-        if proj is not None:
-            qkv.setdefault((layer, proj.group(2)), {})[proj.group(1)] = value
-            continue
-        if sub not in inverse_layer:
-            unexpected.append(key)
-            continue
-        theirs, transpose = inverse_layer[sub]
-        out[f"transformer.h.{layer}.{theirs}"] = value.t().contiguous() if transpose else value
-    if unexpected:
-        raise LmforgeError(f"key(s) with no GPT-2 counterpart: {', '.join(unexpected)}")
+
+    def collect_qkv(key: str, value: Tensor) -> dict[str, Tensor] | None:
+        parsed = KEYS.our_layer_key(key)
+        proj = None if parsed is None else _OUR_QKV.fullmatch(parsed[1])
+        if proj is None:
+            return None
+        qkv.setdefault((parsed[0], proj.group(2)), {})[proj.group(1)] = value
+        return {}  # written fused, below
+
+    out = KEYS.to_hf(sd, prefixed=True, claim=collect_qkv)
+    # quirk: q, k and v fused into c_attn (see _split_c_attn)
     for (layer, kind), parts in qkv.items():
-        missing = [p for p in ("q_proj", "k_proj", "v_proj") if p not in parts]
+        missing = [p for p in _QKV if p not in parts]
         if missing:
             raise LmforgeError(f"layer {layer}: self_attn.{'/'.join(missing)}.{kind} missing; cannot build c_attn")
         if kind == "weight":  # (D, D) each, ours (out, in) -> Conv1D (in, 3 out)
-            fused = torch.cat([parts[p].t() for p in ("q_proj", "k_proj", "v_proj")], dim=1)  # (D, 3D)
+            fused = torch.cat([parts[p].t() for p in _QKV], dim=1)  # (D, 3D)
         else:
-            fused = torch.cat([parts[p] for p in ("q_proj", "k_proj", "v_proj")], dim=0)  # (3D,)
-        out[f"transformer.h.{layer}.attn.c_attn.{kind}"] = fused.contiguous()
+            fused = torch.cat([parts[p] for p in _QKV], dim=0)  # (3D,)
+        out[KEYS.hf_layer_name(layer, f"attn.c_attn.{kind}", prefixed=True)] = fused.contiguous()
+    # GPT2LMHeadModel's state dict always lists the head, tied or not
+    wte = KEYS.hf_name("token_embedding.weight", prefixed=True)
     if "lm_head.weight" not in out:
-        if "transformer.wte.weight" not in out:
+        if wte not in out:
             raise LmforgeError("the state dict has no token_embedding.weight")
-        out["lm_head.weight"] = out["transformer.wte.weight"].clone()
+        out["lm_head.weight"] = out[wte].clone()
     return out

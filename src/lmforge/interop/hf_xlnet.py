@@ -22,30 +22,46 @@ Nothing here imports transformers: configs are plain dicts (``config.json``), st
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from lmforge.config import ModelConfig, coerce
+from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.interop.hf_bert import _ACT_FROM_HF, _ACT_TO_HF, refuse_unexpected
+from lmforge.interop.common import (
+    ACT_TO_HF,
+    activation_from_hf,
+    check_architecture,
+    check_model_type,
+    config_reader,
+    refuse_export,
+)
+from lmforge.interop.keymap import KeyMap
 
-__all__ = ["config_from_hf", "config_to_hf", "state_dict_from_hf", "state_dict_to_hf"]
+__all__ = ["ARCHITECTURES", "KEYS", "PREFIX", "TIED_DECODER_WEIGHT", "config_from_hf", "config_to_hf",
+           "state_dict_from_hf", "state_dict_to_hf"]
 
 ARCHITECTURES = ("XLNetModel", "XLNetLMHeadModel")
 PREFIX = "transformer."
 TIED_DECODER_WEIGHT = "lm_loss.weight"  # the word embedding again (tied)
-_LM_BIAS = ("lm_head.bias", "lm_loss.bias")  # ours, HF's
 _TOP = ("word_embedding.weight", "mask_emb")  # same names on both sides
+# quirk: the relative-attention parameters (r, r_w_bias, r_r_bias, r_s_bias, seg_embed) are plain tensors, not
+# modules: they have no .weight; ours carry XLNet's names, so the layer table is the identity
 _ATTN = ("q", "k", "v", "o", "r", "r_w_bias", "r_r_bias", "r_s_bias", "seg_embed", "layer_norm.weight",
          "layer_norm.bias")
 _FF = tuple(f"{m}.{p}" for m in ("layer_1", "layer_2", "layer_norm") for p in ("weight", "bias"))
-_LEAVES = {f"rel_attn.{x}" for x in _ATTN} | {f"ff.{x}" for x in _FF}
-_HF_LAYER_KEY = re.compile(r"layer\.(\d+)\.(.+)")
-_OUR_LAYER_KEY = re.compile(r"layers\.(\d+)\.(.+)")
+KEYS = KeyMap(
+    family="XLNet",
+    checkpoints="an XLNetModel or XLNetLMHeadModel",
+    top={name: name for name in _TOP},
+    hf_layer="layer.{i}.",
+    layer={name: name for name in (*(f"rel_attn.{x}" for x in _ATTN), *(f"ff.{x}" for x in _FF))},
+    prefix=PREFIX,
+    heads={"lm_head.bias": "lm_loss.bias"},
+    tied={TIED_DECODER_WEIGHT: "word_embedding.weight"},
+    decoder="LM head",
+)
 
 
 # ---------------------------------------------------------------------------------------------- configs
@@ -59,24 +75,17 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     Raises:
         LmforgeError: a setting our XLNet cannot reproduce (names the key, the value and what is supported).
     """
-    model_type = hf.get("model_type", "xlnet")
-    if model_type != "xlnet":
-        raise LmforgeError(f"config model_type={model_type!r} is not an XLNet checkpoint (expected 'xlnet')")
+    check_model_type(hf, "xlnet", "an XLNet checkpoint")
     missing = [k for k in ("vocab_size", "d_model", "n_layer", "n_head") if k not in hf]
     if missing:
         raise LmforgeError(f"XLNet config lacks {', '.join(missing)}")
-
-    def get(key: str, default: Any, kind: Any = int) -> Any:  # checked before any arithmetic on the value
-        return coerce(hf.get(key, default), kind, key)
-
+    get = config_reader(hf)
     d_model, n_head = get("d_model", None), get("n_head", None)
     d_head = get("d_head", None, int | None)
     if n_head < 1 or d_model % n_head or (d_head is not None and d_head != d_model // n_head):
         raise LmforgeError(f"d_head={d_head} with d_model={d_model}, n_head={n_head}: lmforge's XLNet needs "
                            "d_head = d_model / n_head")
-    act = hf.get("ff_activation", "gelu")
-    if not isinstance(act, str) or act not in _ACT_FROM_HF:
-        raise LmforgeError(f"ff_activation={act!r} is not supported; choose one of {', '.join(_ACT_FROM_HF)}")
+    activation = activation_from_hf(hf, "ff_activation", "gelu")
     if get("bi_data", False, bool):
         raise LmforgeError("bi_data=true (forward and backward encodings in each batch, XLNet's pretraining option) "
                            "is not supported; set it to false")
@@ -100,7 +109,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         max_seq_len=512,
         dropout=dropout,
         attention_dropout=dropout,
-        activation=_ACT_FROM_HF[act],
+        activation=activation,
         layer_norm_eps=get("layer_norm_eps", 1e-12, float),
         pad_token_id=get("pad_token_id", None, int | None) or 0,
         init_std=get("initializer_range", 0.02, float),
@@ -108,7 +117,6 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
         mem_len=mem_len if mem_len else None,  # HF: None or 0 keeps every state
         clamp_len=clamp_len if clamp_len > 0 else None,  # HF: -1 (any value <= 0) = no clamping
         same_length=attn_type == "uni" and get("same_length", False, bool),  # HF applies it to "uni" only
-        type_vocab_size=2,
     )
 
 
@@ -118,18 +126,16 @@ def config_to_hf(config: ModelConfig, architecture: str = "XLNetLMHeadModel") ->
     Raises:
         LmforgeError: the config uses something HF's XLNet does not have (names each option).
     """
-    if architecture not in ARCHITECTURES:
-        raise LmforgeError(f"architecture={architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
+    check_architecture(architecture, ARCHITECTURES)
     problems = []
     if config.arch != "xlnet":
         problems.append(f"arch={config.arch!r}")
-    if config.activation not in _ACT_TO_HF:
+    if config.activation not in ACT_TO_HF:
         problems.append(f"activation={config.activation!r}")
     if config.dropout != config.attention_dropout:
         problems.append(f"dropout={config.dropout} differs from attention_dropout={config.attention_dropout} (HF "
                         "XLNet has one rate for both)")
-    if problems:
-        raise LmforgeError("cannot express this model as a Hugging Face XLNet: " + "; ".join(problems))
+    refuse_export(problems, "XLNet")
     return {
         "architectures": [architecture],
         "model_type": "xlnet",
@@ -139,7 +145,7 @@ def config_to_hf(config: ModelConfig, architecture: str = "XLNetLMHeadModel") ->
         "n_head": config.n_heads,
         "d_head": config.d_head,
         "d_inner": config.d_ff,
-        "ff_activation": _ACT_TO_HF[config.activation],
+        "ff_activation": ACT_TO_HF[config.activation],
         "untie_r": True,
         "attn_type": config.attn_type,
         "initializer_range": config.init_std,
@@ -163,34 +169,7 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
     Raises:
         LmforgeError: an unexpected key (named), or an ``lm_loss.weight`` that differs from the word embedding.
     """
-    body = [k for k in hf_sd if not k.startswith("lm_loss.")]
-    prefixed = bool(body) and all(k.startswith(PREFIX) for k in body)
-    out: dict[str, Tensor] = {}
-    unexpected = []
-    decoder = None
-    for raw_key, value in hf_sd.items():
-        if raw_key == TIED_DECODER_WEIGHT:
-            decoder = value
-            continue
-        if raw_key == _LM_BIAS[1]:
-            out[_LM_BIAS[0]] = value
-            continue
-        key = raw_key[len(PREFIX):] if prefixed else raw_key
-        if key in _TOP:
-            out[key] = value
-            continue
-        m = _HF_LAYER_KEY.fullmatch(key)
-        if m is None or m.group(2) not in _LEAVES:
-            unexpected.append(raw_key)
-            continue
-        out[f"layers.{m.group(1)}.{m.group(2)}"] = value
-    refuse_unexpected(unexpected, "XLNet", "an XLNetModel or XLNetLMHeadModel")
-    tokens = out.get("word_embedding.weight")
-    if decoder is not None and tokens is not None and not (decoder.is_meta or tokens.is_meta):
-        if decoder.shape != tokens.shape or not torch.equal(decoder, tokens):
-            raise LmforgeError(f"{TIED_DECODER_WEIGHT} differs from the word embedding: an untied LM head is not "
-                               "supported")
-    return out
+    return KEYS.from_hf(hf_sd)
 
 
 def state_dict_to_hf(state: Mapping[str, Tensor], *, include_tied: bool = False) -> dict[str, Tensor]:
@@ -203,21 +182,4 @@ def state_dict_to_hf(state: Mapping[str, Tensor], *, include_tied: bool = False)
     Raises:
         LmforgeError: a key with no XLNet name (named).
     """
-    out: dict[str, Tensor] = {}
-    unknown = []
-    for key, value in state.items():
-        if key == _LM_BIAS[0]:
-            out[_LM_BIAS[1]] = value
-        elif key in _TOP:
-            out[PREFIX + key] = value
-        else:
-            m = _OUR_LAYER_KEY.fullmatch(key)
-            if m is None or m.group(2) not in _LEAVES:
-                unknown.append(key)
-            else:
-                out[f"{PREFIX}layer.{m.group(1)}.{m.group(2)}"] = value
-    if unknown:
-        raise LmforgeError(f"no Hugging Face XLNet name for key(s) {', '.join(map(repr, unknown))}")
-    if include_tied and PREFIX + "word_embedding.weight" in out:
-        out[TIED_DECODER_WEIGHT] = out[PREFIX + "word_embedding.weight"]
-    return out
+    return KEYS.to_hf(state, prefixed=True, include_tied=include_tied)

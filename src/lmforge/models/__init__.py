@@ -12,8 +12,10 @@ rather than comparing family names, so a new family is one record here, not an e
 ``ARCHITECTURES[arch]`` still gives the class itself.
 
 Every model class (and ``lmforge.heads.TaskModel``) mixes in ``PretrainedMixin``: ``Encoder.from_pretrained(path)``
-and ``model.save_pretrained(path)``, as in Hugging Face transformers; ``from_pretrained(path)`` here loads whatever
-model a folder holds.
+and ``model.save_pretrained(path)``, as in Hugging Face transformers. ``lmforge.from_pretrained(path)`` (the
+persistence layer, ``lmforge.persistence``) loads whatever model a folder holds, head included; the names
+``save_pretrained``, ``load_pretrained``, ``from_pretrained`` and ``load_backbone`` here are deprecated aliases of
+those (resolved through the package root, so that this package never imports the layers above it).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ _M = TypeVar("_M", bound="PretrainedMixin")
 
 _WHERE = {
     "Encoder": "lmforge.models.encoder",
-    "EncoderOutput": "lmforge.models.encoder",
+    "EncoderOutput": "lmforge.models.outputs",
     "Decoder": "lmforge.models.decoder",
-    "DecoderOutput": "lmforge.models.decoder",
+    "DecoderOutput": "lmforge.models.outputs",
     "EncoderDecoder": "lmforge.models.seq2seq",
     "SourceEncoder": "lmforge.models.seq2seq",
     "RNNEncoder": "lmforge.models.rnn_encoder",
@@ -38,13 +40,11 @@ _WHERE = {
     "AWDLSTM": "lmforge.models.awd_lstm",
     "BiLM": "lmforge.models.elmo",
     "XLNet": "lmforge.models.xlnet",
-    "XLNetOutput": "lmforge.models.xlnet",
+    "XLNetOutput": "lmforge.models.outputs",
     "ELMoEncoder": "lmforge.models.elmo",
-    "save_pretrained": "lmforge.models.pretrained",
-    "load_pretrained": "lmforge.models.pretrained",
-    "from_pretrained": "lmforge.models.pretrained",
-    "load_backbone": "lmforge.models.pretrained",
 }
+# moved to lmforge.persistence (the layer above heads and tasks): deprecated here, kept for one release
+_MOVED = ("save_pretrained", "load_pretrained", "from_pretrained", "load_backbone")
 
 
 class PretrainedMixin:
@@ -52,24 +52,23 @@ class PretrainedMixin:
     module with ``.config`` (its ``ModelConfig``) and ``.tokenizer`` (or None) attached, ``model.save_pretrained(
     path)`` writes it back (weights, config and the attached tokenizer).
 
-    Pure Python, so that importing this package stays torch-free; the work is done by ``lmforge.models.pretrained``
-    (imported when called), which checks the folder completely before anything is built.
+    Pure Python, so that importing this package stays torch-free; the work is done by ``lmforge.models.loading``
+    and ``lmforge.utils.model_folder`` (imported when called), which check the folder completely before anything is
+    built. A model class loads the backbone of any folder (a head is dropped, as ``BertModel.from_pretrained``
+    does); ``lmforge.heads.TaskModel`` overrides ``from_pretrained`` to rebuild the head.
     """
 
     @classmethod
     def from_pretrained(cls: type[_M], path: str | Path) -> _M:
-        """The model saved in ``path`` (an lmforge folder, or a Hugging Face one that ``load_pretrained`` reads).
-
-        ``Encoder.from_pretrained`` of a fine-tuned or pretraining folder returns its backbone alone (heads are
-        dropped, as ``BertModel.from_pretrained`` does); ``TaskModel.from_pretrained`` needs a folder with a head.
+        """The model saved in ``path`` (an lmforge folder, or a Hugging Face one), as this class.
 
         Raises:
             LmforgeError: the folder holds another kind of model (the message names the class that loads it), or
-                anything ``load_pretrained`` refuses.
+                anything ``lmforge.models.loading.load_folder`` refuses.
         """
-        from lmforge.models.pretrained import from_pretrained
+        from lmforge.models.loading import as_module, load_folder
 
-        return from_pretrained(path, expect=cls)
+        return as_module(load_folder(path), path, expect=cls)
 
     def save_pretrained(self, path: str | Path, *, tokenizer: Any | None = None, overwrite: bool = False) -> Path:
         """Write this model into the folder ``path``: ``config.json``, ``model.safetensors`` and the tokenizer
@@ -79,7 +78,7 @@ class PretrainedMixin:
         Returns:
             the folder.
         """
-        from lmforge.models.pretrained import save_pretrained
+        from lmforge.utils.model_folder import save_pretrained
 
         return save_pretrained(self, path, tokenizer=tokenizer if tokenizer is not None else
                                getattr(self, "tokenizer", None), overwrite=overwrite)
@@ -268,8 +267,16 @@ ARCHITECTURES = _Architectures()
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
+    if name in _MOVED:
+        import warnings
+
+        import lmforge
+
+        warnings.warn(f"lmforge.models.{name} moved to lmforge.persistence.{name} (also lmforge.{name}); the old "
+                      "name goes in the next release", DeprecationWarning, stacklevel=2)
+        return getattr(lmforge, name)
     raise AttributeError(f"module 'lmforge.models' has no attribute {name!r}")
 
 
 __all__ = ["ARCHITECTURES", "CAPABILITIES", "Architecture", "PretrainedMixin", "architecture", "architectures_with",
-           *_WHERE]
+           *_WHERE]  # the deprecated _MOVED names resolve on access but are not advertised

@@ -63,7 +63,7 @@ from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 
 # As models/rnn_encoder.py: every text encoder returns the same output type, so heads and pipelines read one shape.
-from lmforge.models.encoder import EncoderOutput
+from lmforge.models.outputs import EncoderOutput
 from lmforge.nn.dropouts import WeightDropLSTM, embedding_dropout, locked_mask
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +26,7 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
+from lmforge.models.outputs import DecoderOutput
 from lmforge.nn import (
     DecoderLayer,
     RotaryEmbedding,
@@ -37,10 +37,11 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
-from lmforge.nn.few_rows import project_rows
 from lmforge.nn.init import normal_init
-from lmforge.nn.packed_dropout import Dropout
-from lmforge.nn.tied_embedding import embed_tokens
+from lmforge.nn.kernels.few_rows import project_rows
+from lmforge.nn.kernels.packed_dropout import Dropout
+from lmforge.nn.kernels.tied_embedding import embed_tokens
+from lmforge.nn.stack import run_layers
 
 __all__ = ["Decoder", "DecoderCache", "DecoderOutput"]
 
@@ -56,30 +57,6 @@ class DecoderCache(StackCache):
     Attributes:
         layers: one ``lmforge.nn.LayerCache`` per layer (only its ``self_attn`` part is used).
     """
-
-
-class DecoderOutput(NamedTuple):
-    """What ``Decoder.forward`` returns.
-
-    Attributes:
-        logits: (B, T, V) next-token scores, or None with ``return_logits=False``.
-        last_hidden_state: (B, T, D) after the final LayerNorm (pre-LN) or the last layer (post-LN).
-        cache: the DecoderCache passed in (now extended), or None.
-        hidden_states: with ``output_hidden_states``, L + 1 tensors (B, T, D): the embeddings (after dropout), the
-            outputs of layers 1..L-1, and ``last_hidden_state`` (as Hugging Face: the last entry is normalised).
-        attentions: with ``output_attentions``, L entries: (B, H, T, S) weights for the requested layers, None for
-            the others.
-        pooled_output: (B, D) ``last_hidden_state`` at each row's LAST real token (GPT-1's extract token, Radford
-            et al. 2018, section 3.3: the only position that has read the whole input). Found from the attention
-            mask, so right and left padding give the same vector.
-    """
-
-    logits: Tensor | None
-    last_hidden_state: Tensor
-    cache: DecoderCache | None = None
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor | None, ...] | None = None
-    pooled_output: Tensor | None = None
 
 
 class Decoder(PretrainedMixin, nn.Module):
@@ -187,7 +164,7 @@ class Decoder(PretrainedMixin, nn.Module):
         Args:
             hidden: (..., D), e.g. ``last_hidden_state[:, -1]``.
             out: an (N, V) buffer the scores of an (N, D) ``hidden`` may be written into, without gradients
-                (``lmforge.nn.few_rows.project_rows``); the returned tensor is then that buffer or a new one.
+                (``lmforge.nn.kernels.few_rows.project_rows``); the returned tensor is then that buffer or a new one.
 
         Returns:
             (..., V).
@@ -258,34 +235,20 @@ class Decoder(PretrainedMixin, nn.Module):
         x = self.dropout(x)
 
         capture = select_layers(output_attentions, len(self.layers))  # a bool is never an index
-        hidden_states: list[Tensor] | None = [] if output_hidden_states else None
-        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
-        n = len(self.layers)
-        last_layer_alone = (last_only and cache is None and hidden_states is None and attentions is None
+        attentions = output_attentions is not False
+        last_layer_alone = (last_only and cache is None and not output_hidden_states and not attentions
                             and self.rotary is None)
-        for i, layer in enumerate(self.layers):
-            if hidden_states is not None:
-                hidden_states.append(x)
-            if last_layer_alone and i == n - 1:
-                x = layer(x, attention_mask=attention_mask, causal=True, last_only=True).hidden  # (B, 1, D)
-                break
-            out = layer(x, attention_mask=attention_mask, causal=True,
-                        cache=None if cache is None else cache.layers[i], need_weights=i in capture)
-            x = out.hidden  # (B, T, D)
-            if attentions is not None:
-                attentions.append(out.self_attn_weights)  # (B, H, T, S) or None
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        if hidden_states is not None:
-            hidden_states.append(x)
+        # hidden states: the embeddings, the outputs of layers 1..L-1, and the final (normed) output
+        out = run_layers(self.layers, x, final_norm=self.final_norm, cache=cache, weights_of=capture,
+                         hidden_states=output_hidden_states, attentions=attentions,
+                         alone="last_only" if last_layer_alone else None, attention_mask=attention_mask, causal=True)
+        x = out.hidden  # (B, T, D), or (B, 1, D) when the last layer computed the last position alone
         if last_only:
             x = x[:, -1:]  # (B, 1, D); already so when the last layer computed it alone
             last = None
         logits = self.lm_logits(x) if return_logits else None  # (B, T, V)
         pooled = x[:, -1] if last is None else x[torch.arange(B, device=x.device), last]  # (B, D)
-        return DecoderOutput(logits, x, cache,
-                             None if hidden_states is None else tuple(hidden_states),
-                             None if attentions is None else tuple(attentions), pooled)
+        return DecoderOutput(logits, x, cache, out.hidden_states, out.attentions, pooled)
 
     def _prepare_cache(self, cache: DecoderCache | None, B: int) -> int:
         if cache is None:

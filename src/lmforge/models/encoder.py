@@ -21,7 +21,6 @@ Masks follow ``lmforge.nn.masks``: ``attention_mask`` (B, T) with 1 = real token
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -29,35 +28,18 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
+from lmforge.models.outputs import EncoderOutput
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
+from lmforge.nn.kernels.packed_dropout import Dropout
+from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kernels.tied_embedding import embed_tokens
 from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.masks import key_padding_mask
-from lmforge.nn.packed_dropout import Dropout
-from lmforge.nn.packing import Packing
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
-from lmforge.nn.tied_embedding import embed_tokens
+from lmforge.nn.stack import run_layers
 
 __all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "build_encoder_layers", "init_bert_weights"]
-
-
-class EncoderOutput(NamedTuple):
-    """What ``Encoder.forward`` returns.
-
-    Attributes:
-        last_hidden_state: (B, T, D) output of the last layer (after the final LayerNorm in pre-LN mode).
-        pooled_output: (B, D) ``tanh(dense(h_[CLS]))``, the sentence representation BERT's NSP head uses (with
-            ``pooler=False``, DistilBERT: ``h_[CLS]`` itself).
-        hidden_states: with ``output_hidden_states=True``, L + 1 tensors (B, T, D): the embeddings output, then
-            each layer's output (the last one equals ``last_hidden_state``); else None.
-        attentions: with ``output_attentions``, L entries: (B, H, T, T) weights for each requested layer and None
-            for the others; else None.
-    """
-
-    last_hidden_state: Tensor
-    pooled_output: Tensor
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor | None, ...] | None = None
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:
@@ -191,7 +173,7 @@ class Encoder(PretrainedMixin, nn.Module):
           ``config.dropout`` (BERT's attention_probs_dropout_prob and hidden_dropout_prob).
         - Fully padded sequences give finite (meaningless) outputs, never NaN (``lmforge.nn.masks``).
         - Unpadding (``unpad``, on by default; not part of the config or the checkpoint): when a batch is padded
-          enough (``lmforge.nn.packing``), the layers run on the real tokens only and the outputs at padded
+          enough (``lmforge.nn.kernels.packing``), the layers run on the real tokens only and the outputs at padded
           positions are zeros; ``model.unpad = False`` computes every position as before.
 
     State-dict keys: ``embeddings.{tokens,positions,segments,norm,projection}.*`` (segments / projection only when
@@ -216,7 +198,7 @@ class Encoder(PretrainedMixin, nn.Module):
         self.final_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first \
             else nn.Identity()
         self.pooler = Pooler(config.d_model) if config.pooler else None
-        self.unpad = True  # run the layers on the real tokens of a padded batch (lmforge.nn.packing)
+        self.unpad = True  # run the layers on the real tokens of a padded batch (lmforge.nn.kernels.packing)
         self.apply(lambda m: init_bert_weights(m, config.init_std))
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -261,36 +243,20 @@ class Encoder(PretrainedMixin, nn.Module):
         wanted = select_layers(output_attentions, len(self.layers))  # layers whose weights are returned; no bools
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, D)
-        hidden_states = [x] if output_hidden_states else None
-        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
+        attentions = output_attentions is not False
         # unpadded unless attention weights are asked for (looking inside: every query row as the model computes it)
-        packing = Packing.decide(key_mask, enabled=self.unpad and output_attentions is False)
-        if packing is not None:  # the layers run on the real tokens only (lmforge.nn.packing)
-            x = packing.pack(x)  # (N, D)
-        first_only = (pooled_only and hidden_states is None and attentions is None
+        packing = Packing.decide(key_mask, enabled=self.unpad and not attentions)
+        # only [CLS] is read after the last layer: it computes that position alone
+        first_only = (pooled_only and not output_hidden_states and not attentions
                       and self.config.positional != "rotary")
-        for i, layer in enumerate(self.layers):
-            if first_only and i == len(self.layers) - 1:  # only [CLS] is read after the last layer
-                if packing is not None:
-                    x, packing = packing.unpack(x), None  # (B, T, D): keys and values at every position
-                x = layer(x, attention_mask=key_mask, first_only=True).hidden  # (B, 1, D)
-                break
-            out = layer(x, attention_mask=key_mask, need_weights=i in wanted, packing=packing)
-            x = out.hidden  # (B, T, D), or (N, D) packed
-            if hidden_states is not None:
-                hidden_states.append(x if packing is None else packing.unpack(x))
-            if attentions is not None:
-                attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
-        x = self.final_norm(x)  # (B, T, D), (B, 1, D) or (N, D); Identity in post-LN mode
-        if packing is not None:
-            x = packing.unpack(x)  # (B, T, D), zeros at padding
-        if hidden_states is not None:
-            hidden_states[-1] = x  # the last entry is always last_hidden_state (normed in pre-LN mode)
+        # the layers run on the real tokens only under a packing (lmforge.nn.kernels.packing); the final norm is an
+        # Identity in post-LN mode
+        out = run_layers(self.layers, x, final_norm=self.final_norm, packing=packing, weights_of=wanted,
+                         hidden_states=output_hidden_states, attentions=attentions,
+                         alone="first_only" if first_only else None, attention_mask=key_mask)
+        x = out.hidden  # (B, T, D), or (B, 1, D) with first_only
         pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
-        return EncoderOutput(
-            x, pooled,
-            None if hidden_states is None else tuple(hidden_states),
-            None if attentions is None else tuple(attentions))
+        return EncoderOutput(x, pooled, out.hidden_states, out.attentions)
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,

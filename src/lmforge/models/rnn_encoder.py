@@ -21,10 +21,9 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 
-# The one exception to "models/ never imports another model file": every encoder returns the same output type, so
-# the heads, pipelines and feature extraction read one shape of result. (Moving EncoderOutput to a shared module
-# would remove the exception.)
-from lmforge.models.encoder import EncoderOutput
+# Every encoder returns the same output type, so the heads, pipelines and feature extraction read one shape of
+# result; it lives in the shared module of output records, so no model file imports another.
+from lmforge.models.outputs import EncoderOutput
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import AttentionPooling, StackedRNN

@@ -35,7 +35,8 @@ Masks at this boundary are (B, length) with 1 = real token, 0 = padding. Source 
 real tokens are moved to the front before encoding, so source positions count real tokens); targets are right-
 padded (an RNN decoder is causal, so padding after a target's end cannot change the steps before it).
 
-This is a model file: it imports ``lmforge.nn`` only, never another file in ``lmforge.models``.
+This is a model file: it imports ``lmforge.nn`` and the shared output records (``lmforge.models.outputs``), never
+another model file.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
-from lmforge.nn.attention import Attention, RewardBaseline, SampledAlignments
+from lmforge.models.outputs import RNNSeq2SeqOutput
+from lmforge.nn.generic_attention import Attention
 from lmforge.nn.inputs import check_flag, check_input_ids
 from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.reinforce import RewardBaseline, SampledAlignments
 from lmforge.nn.rnn import StackedRNN, compact_padding, make_rnn, make_state_score
 
 __all__ = ["RNNSeq2Seq", "RNNSeq2SeqOutput", "RNNState"]
@@ -86,27 +89,6 @@ class _Attended(NamedTuple):
     weights: Tensor | None  # (B, T, S), None without attention
     log_probs: Tensor | None = None  # (B, T) REINFORCE: log pi_t(sampled position), training only
     entropy: Tensor | None = None  # (B, T) with log_probs
-
-
-class RNNSeq2SeqOutput(NamedTuple):
-    """What ``RNNSeq2Seq.forward`` (teacher forcing) returns.
-
-    Attributes:
-        logits: (B, T, V) scores of the next target token at every target position.
-        last_hidden_state: (B, T, D) the attentional vectors h~_t (before the output dropout).
-        memory: (B, S, D) the encoder states, in the layout of ``src_ids`` (0 at padded positions).
-        attentions: with ``output_attentions``, (B, T, S) the attention weights a_t over the source positions of
-            ``src_ids``; else None.
-        alignment_samples: hard attention trained by REINFORCE, in training mode: the log-probabilities and
-            entropies of the sampled source positions, for ``lmforge.nn.attention.reinforce_loss`` (the objective
-            adds that surrogate once it knows each example's reward); else None.
-    """
-
-    logits: Tensor
-    last_hidden_state: Tensor
-    memory: Tensor
-    attentions: Tensor | None = None
-    alignment_samples: SampledAlignments | None = None
 
 
 class RNNSeq2Seq(PretrainedMixin, nn.Module):
@@ -154,7 +136,7 @@ class RNNSeq2Seq(PretrainedMixin, nn.Module):
           REINFORCE: the forward pass returns the samples' log-probabilities and the objective adds the
           score-function surrogate with reward R = log p(y | sampled positions, x) = -(the example's target NLL),
           a moving-average baseline (``reinforce_baseline_decay``) and an entropy bonus (``reinforce_entropy``);
-          see ``lmforge.nn.attention.reinforce_loss`` and ``lmforge.objectives.seq2seq``.
+          see ``lmforge.nn.reinforce.reinforce_loss`` and ``lmforge.objectives.seq2seq``.
         - The 'location' score softmax(W_a h_t) has max_seq_len outputs, of which the first S are used (see
           ``lmforge.nn.LocationScore``), so sources are limited to max_seq_len tokens with that score only.
         - The 'cosine' score has strength sqrt(D), not 1 (see ``lmforge.nn.rnn.make_state_score``: bounded RNN

@@ -16,14 +16,14 @@ given an encoder-decoder folder (a BART-style model pretrained with ``lmforge pr
 Masks at this boundary are (B, length) with 1 = real token, 0 = padding: ``src_mask`` (B, S) over the source,
 ``tgt_mask`` (B, P + T) over the whole target so far (cached positions plus the new ones).
 
-This is a model file: it imports ``lmforge.nn`` only, never another file in ``lmforge.models``.
+This is a model file: it imports ``lmforge.nn`` and the shared output records (``lmforge.models.outputs``), never
+another model file.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
+from lmforge.models.outputs import DecodeOutput, Seq2SeqOutput, SourceEncoderOutput
 from lmforge.nn import (
     DecoderLayer,
     EncoderLayer,
@@ -44,8 +45,9 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
-from lmforge.nn.packed_dropout import Dropout
-from lmforge.nn.packing import Packing
+from lmforge.nn.kernels.packed_dropout import Dropout
+from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.stack import StackOutput, run_layers
 
 __all__ = ["DecodeOutput", "EncoderDecoder", "Seq2SeqCache", "Seq2SeqOutput", "SourceEncoder", "SourceEncoderOutput"]
 
@@ -64,42 +66,71 @@ class Seq2SeqCache(StackCache):
     """
 
 
-class DecodeOutput(NamedTuple):
-    """What ``EncoderDecoder.decode`` returns.
+class _SourceStack(nn.Module):
+    """What ``EncoderDecoder`` and ``SourceEncoder`` share, on the same attribute names (``config``, ``dropout``,
+    ``rotary``, ``encoder_layers``, ``encoder_norm``, ``unpad``, set by each ``__init__``): the initialisation
+    (described in ``EncoderDecoder``'s docstring), the embedding of ids, the boundary masks, the length check, and
+    the encoder stack itself."""
 
-    Attributes:
-        logits: (B, T, V), or None with ``return_logits=False``.
-        last_hidden_state: (B, T, D) decoder output (after ``decoder_norm`` in pre-LN mode).
-        cache: the Seq2SeqCache passed in (now extended), or None.
-        self_attentions: with ``output_attentions``, one (B, H, T, P + T) tensor per decoder layer.
-        cross_attentions: with ``output_attentions``, one (B, H, T, S) tensor per decoder layer.
-    """
+    config: ModelConfig
+    dropout: Dropout
+    rotary: RotaryEmbedding | None
+    encoder_layers: nn.ModuleList
+    encoder_norm: nn.LayerNorm | None
 
-    logits: Tensor | None
-    last_hidden_state: Tensor
-    cache: Seq2SeqCache | None = None
-    self_attentions: tuple[Tensor, ...] | None = None
-    cross_attentions: tuple[Tensor, ...] | None = None
+    def reset_parameters(self) -> None:
+        """Initialise as described in ``EncoderDecoder``'s docstring."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding | LearnedPositional):
+                nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def _embed(self, table: nn.Embedding, position: nn.Module | None, ids: Tensor, offset: int,
+               positions: Tensor | None) -> Tensor:
+        x = table(ids)  # (B, T, D)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)  # section 3.4
+        if position is not None:
+            x = position(x, offset=offset, positions=positions)  # (B, T, D)
+        return self.dropout(x)
+
+    def _mask_and_positions(self, mask: Tensor | None, B: int, S: int, past: int, name: str,
+                            T: int | None = None) -> tuple[Tensor | None, Tensor | None]:
+        # Validate a (B, S) boundary mask; derive the positions of the last T tokens; drop an all-ones mask so the
+        # kernels take their unmasked path.
+        if mask is None:
+            return None, None
+        extra = f" (cached {past} + new {S - past})" if past else ""
+        mask = key_padding_mask(mask, batch=B, length=S, name=name, length_label=f"length={S}{extra}")  # (B, S)
+        positions = None if self.rotary is not None else positions_from_mask(mask, S if T is None else T)
+        return (None if bool(mask.all()) else mask), positions
+
+    def _check_length(self, T: int, past: int, side: str) -> None:
+        Lmax = self.config.max_seq_len
+        if past + T > Lmax:
+            detail = f"(cached {past} + new {T}) " if past else ""
+            raise LmforgeError(
+                f"{side} length {past + T} {detail}exceeds max_seq_len={Lmax}; shorten the input or use a model "
+                "with more positions")
+
+    def _run_encoder(self, x: Tensor, mask: Tensor | None, *, weights_of: frozenset[int] = frozenset(),
+                     hidden_states: bool = False, attentions: bool = False) -> StackOutput:
+        """The encoder layers and (pre-LN) ``encoder_norm`` on the (B, S, D) embeddings ``x`` with the (B, S) key
+        mask: on the real tokens only (``lmforge.nn.kernels.packing``) when ``unpad`` and no attention weights are
+        asked for; the output has zeros at padded positions then."""
+        packing = Packing.decide(mask, enabled=getattr(self, "unpad", True) and not attentions)
+        return run_layers(self.encoder_layers, x, final_norm=self.encoder_norm, packing=packing,
+                          weights_of=weights_of, hidden_states=hidden_states, attentions=attentions,
+                          attention_mask=mask)
 
 
-class Seq2SeqOutput(NamedTuple):
-    """What ``EncoderDecoder.forward`` (teacher forcing) returns.
-
-    Attributes:
-        logits: (B, T, V) scores of the next target token at every target position.
-        last_hidden_state: (B, T, D) decoder output.
-        memory: (B, S, D) encoder output.
-        self_attentions, cross_attentions: as in ``DecodeOutput``.
-    """
-
-    logits: Tensor
-    last_hidden_state: Tensor
-    memory: Tensor
-    self_attentions: tuple[Tensor, ...] | None = None
-    cross_attentions: tuple[Tensor, ...] | None = None
-
-
-class EncoderDecoder(PretrainedMixin, nn.Module):
+class EncoderDecoder(PretrainedMixin, _SourceStack):
     """The Transformer, Vaswani et al. 2017, "Attention Is All You Need".
 
     An encoder stack (``n_layers`` x ``nn.EncoderLayer``) and a decoder stack (``n_decoder_layers`` x
@@ -157,23 +188,10 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         self.decoder_layers = nn.ModuleList(
             DecoderLayer(D, config.n_heads, config.d_ff, cross_attention=True, **common) for _ in range(n_dec))
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
-        self.unpad = True  # the encoder's layers run on the real source tokens of a padded batch (lmforge.nn.packing)
+        self.unpad = True  # the encoder layers run on the real source tokens of a padded batch (nn.kernels.packing)
         self.decoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, V, bias=False)
         self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Initialise as described in the class docstring."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding | LearnedPositional):
-                nn.init.normal_(module.weight, std=self.config.d_model**-0.5)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
 
     @property
     def src_embed(self) -> nn.Embedding:
@@ -208,19 +226,13 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
 
         Returns:
             memory (B, S, D). Rows at padded positions are zeros (the layers ran on the real tokens only,
-            ``lmforge.nn.packing``; ``unpad = False``: values that nothing attends to).
+            ``lmforge.nn.kernels.packing``; ``unpad = False``: values that nothing attends to).
         """
         B, S = check_input_ids(src_ids, vocab_size=self.config.vocab_size, name="src_ids")
         self._check_length(S, 0, "source")
         src_mask, positions = self._mask_and_positions(src_mask, B, S, 0, "src_mask")
         x = self._embed(self.src_embed, self.src_position, src_ids, 0, positions)  # (B, S, D)
-        packing = Packing.decide(src_mask, enabled=getattr(self, "unpad", True))
-        if packing is not None:
-            x = packing.pack(x)  # (N, D)
-        for layer in self.encoder_layers:
-            x = layer(x, attention_mask=src_mask, packing=packing).hidden  # (B, S, D) or (N, D)
-        x = x if self.encoder_norm is None else self.encoder_norm(x)
-        return x if packing is None else packing.unpack(x)
+        return self._run_encoder(x, src_mask).hidden  # (B, S, D)
 
     # ---------------------------------------------------------------------------------------------------- decoder
     def decode(
@@ -265,21 +277,14 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
                                         length_label=f"source length={S}")  # (B, S) bool
         tgt_mask, positions = self._mask_and_positions(tgt_mask, B, past + T, past, "tgt_mask", T)
         y = self._embed(self.tgt_embed, self.tgt_position, tgt_ids, past, positions)  # (B, T, D)
-        self_w: list[Tensor] = []
-        cross_w: list[Tensor] = []
-        for i, layer in enumerate(self.decoder_layers):
-            out = layer(y, memory, attention_mask=tgt_mask, memory_mask=src_mask, causal=True,
-                        cache=None if cache is None else cache.layers[i], need_weights=output_attentions)
-            y = out.hidden  # (B, T, D)
-            if output_attentions:
-                self_w.append(out.self_attn_weights)  # (B, H, T, P + T)
-                cross_w.append(out.cross_attn_weights)  # (B, H, T, S)
-        if self.decoder_norm is not None:
-            y = self.decoder_norm(y)
+        out = run_layers(self.decoder_layers, y, final_norm=self.decoder_norm, cache=cache,
+                         weights_of=range(len(self.decoder_layers)) if output_attentions else frozenset(),
+                         attentions=output_attentions, cross_attentions=output_attentions,
+                         memory=memory, attention_mask=tgt_mask, memory_mask=src_mask, causal=True)
+        y = out.hidden  # (B, T, D)
         logits = self.lm_logits(y) if return_logits else None  # (B, T, V)
-        if not output_attentions:
-            return DecodeOutput(logits, y, cache)
-        return DecodeOutput(logits, y, cache, tuple(self_w), tuple(cross_w))
+        # with output_attentions: (B, H, T, P + T) self- and (B, H, T, S) cross-attention weights per layer
+        return DecodeOutput(logits, y, cache, out.attentions, out.cross_attentions)
 
     def forward(
         self,
@@ -306,37 +311,9 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
         return Seq2SeqOutput(out.logits, out.last_hidden_state, memory, out.self_attentions, out.cross_attentions)
 
     # ---------------------------------------------------------------------------------------------------- helpers
-    def _embed(self, table: nn.Embedding, position: nn.Module | None, ids: Tensor, offset: int,
-               positions: Tensor | None) -> Tensor:
-        x = table(ids)  # (B, T, D)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.d_model)  # section 3.4
-        if position is not None:
-            x = position(x, offset=offset, positions=positions)  # (B, T, D)
-        return self.dropout(x)
-
-    def _mask_and_positions(self, mask: Tensor | None, B: int, S: int, past: int, name: str,
-                            T: int | None = None) -> tuple[Tensor | None, Tensor | None]:
-        # Validate a (B, S) boundary mask; derive the positions of the last T tokens; drop an all-ones mask so the
-        # kernels take their unmasked path.
-        if mask is None:
-            return None, None
-        extra = f" (cached {past} + new {S - past})" if past else ""
-        mask = key_padding_mask(mask, batch=B, length=S, name=name, length_label=f"length={S}{extra}")  # (B, S)
-        positions = None if self.rotary is not None else positions_from_mask(mask, S if T is None else T)
-        return (None if bool(mask.all()) else mask), positions
-
     def _check_ids(self, ids: Tensor, name: str) -> tuple[int, int]:
         # Kept for lmforge.viz.attention, which re-runs encode step by step.
         return check_input_ids(ids, vocab_size=self.config.vocab_size, name=name)
-
-    def _check_length(self, T: int, past: int, side: str) -> None:
-        Lmax = self.config.max_seq_len
-        if past + T > Lmax:
-            detail = f"(cached {past} + new {T}) " if past else ""
-            raise LmforgeError(
-                f"{side} length {past + T} {detail}exceeds max_seq_len={Lmax}; shorten the input or use a model "
-                "with more positions")
 
     def _prepare_cache(self, cache: Seq2SeqCache | None, B: int) -> int:
         if cache is None:
@@ -347,25 +324,7 @@ class EncoderDecoder(PretrainedMixin, nn.Module):
 
 
 # --------------------------------------------------------------------------------------------- the encoder alone
-class SourceEncoderOutput(NamedTuple):
-    """What ``SourceEncoder.forward`` returns (the fields of ``lmforge.models.encoder.EncoderOutput``).
-
-    Attributes:
-        last_hidden_state: (B, T, D) the encoder's output (after ``encoder_norm`` in pre-LN mode): the memory the
-            decoder would attend to.
-        pooled_output: (B, D) the mean of ``last_hidden_state`` over the real tokens (see ``SourceEncoder``).
-        hidden_states: with ``output_hidden_states``, L_e + 1 tensors (B, T, D): the embeddings output, then each
-            layer's (the last one equals ``last_hidden_state``); else None.
-        attentions: with ``output_attentions``, L_e entries, (B, H, T, T) for each requested layer, else None.
-    """
-
-    last_hidden_state: Tensor
-    pooled_output: Tensor
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor | None, ...] | None = None
-
-
-class SourceEncoder(PretrainedMixin, nn.Module):
+class SourceEncoder(PretrainedMixin, _SourceStack):
     """The encoder stack of an ``EncoderDecoder``, alone: a text encoder for fine-tuning heads and embeddings.
 
     BART (Lewis et al. 2020, section 3) fine-tunes classification by feeding the text to both stacks and reading
@@ -407,14 +366,8 @@ class SourceEncoder(PretrainedMixin, nn.Module):
                          rotary=self.rotary)
             for _ in range(config.n_layers))
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
-        self.unpad = True  # the encoder's layers run on the real source tokens of a padded batch (lmforge.nn.packing)
+        self.unpad = True  # the encoder layers run on the real source tokens of a padded batch (nn.kernels.packing)
         self.reset_parameters()
-
-    # the encoder-decoder's own initialisation, embedding and mask handling, on the same attribute names
-    reset_parameters = EncoderDecoder.reset_parameters
-    _embed = EncoderDecoder._embed
-    _mask_and_positions = EncoderDecoder._mask_and_positions
-    _check_length = EncoderDecoder._check_length
 
     @classmethod
     def wrap(cls, model: EncoderDecoder, **options: object) -> SourceEncoder:
@@ -455,29 +408,13 @@ class SourceEncoder(PretrainedMixin, nn.Module):
         wanted = select_layers(output_attentions, len(self.encoder_layers))
         mask, positions = self._mask_and_positions(attention_mask, B, T, 0, "attention_mask")  # (B, T) | None
         x = self._embed(self.embedding, self.src_position, input_ids, 0, positions)  # (B, T, D)
-        hidden_states = [x] if output_hidden_states else None
-        attentions: list[Tensor | None] | None = [] if output_attentions is not False else None
         # unpadded as EncoderDecoder.encode (the same numbers), unless attention weights are asked for
-        packing = Packing.decide(mask, enabled=getattr(self, "unpad", True) and output_attentions is False)
-        if packing is not None:
-            x = packing.pack(x)  # (N, D)
-        for i, layer in enumerate(self.encoder_layers):
-            out = layer(x, attention_mask=mask, need_weights=i in wanted, packing=packing)
-            x = out.hidden  # (B, T, D) or (N, D)
-            if hidden_states is not None:
-                hidden_states.append(x if packing is None else packing.unpack(x))
-            if attentions is not None:
-                attentions.append(out.self_attn_weights)  # (B, H, T, T) or None
-        if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
-        if packing is not None:
-            x = packing.unpack(x)  # (B, T, D), zeros at padding
-        if hidden_states is not None:
-            hidden_states[-1] = x
+        out = self._run_encoder(x, mask, weights_of=wanted, hidden_states=output_hidden_states,
+                                attentions=output_attentions is not False)
+        x = out.hidden  # (B, T, D)
         if mask is None:
             pooled = x.mean(1)  # (B, D)
         else:
             weights = mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
             pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
-        return SourceEncoderOutput(x, pooled, None if hidden_states is None else tuple(hidden_states),
-                                   None if attentions is None else tuple(attentions))
+        return SourceEncoderOutput(x, pooled, out.hidden_states, out.attentions)

@@ -43,7 +43,6 @@ trick through ``perm_mask`` and ``target_mapping``, with a causal context so tha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -52,60 +51,15 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
+from lmforge.models.outputs import XLNetLMOutput, XLNetOutput
 from lmforge.nn.feedforward import ACTIVATIONS
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.kernels.packed_dropout import Dropout
 from lmforge.nn.masks import key_padding_mask
-from lmforge.nn.packed_dropout import Dropout
 from lmforge.nn.relative import RelativeMultiHeadAttention, relative_positions_encoding
 
 __all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLMOutput", "XLNetLayer", "XLNetOutput"]
-
-
-class XLNetOutput(NamedTuple):
-    """What ``XLNet.forward`` returns. Its first four fields are ``EncoderOutput``'s, so fine-tuning heads, the
-    server's ``/embed`` and the attention views read it as they read a BERT encoder's output.
-
-    Attributes:
-        last_hidden_state: (B, T, D) the content stream after the last layer (and the output dropout).
-        pooled_output: (B, D) the sequence summary: ``last_hidden_state`` at each row's LAST real token (the last
-            position whose ``attention_mask`` is 1; position T - 1 without a mask), what the sequence and pair
-            heads read. XLNet summarises a text by its last token (Hugging Face's ``summary_type="last"``); XLNet's
-            own tokenizer ends a text with [SEP] [CLS], lmforge's puts [CLS] first and pads on the right, so the
-            last real token (here [SEP]) is the one that, with ``attn_type="uni"`` too, has read the whole text.
-            No projection: the state itself (as an encoder with ``pooler=False``), see ``XLNet``.
-        hidden_states: with ``output_hidden_states``, L + 1 content-stream tensors (B, T, D): the embeddings (after
-            dropout), then each layer's output (the last one is ``last_hidden_state`` before the output dropout).
-        attentions: with ``output_attentions``, L content-stream weights (B, H, T, K) (the query stream's are not
-            returned).
-        query_state: (B, N, D) the query stream after the last layer, with a ``target_mapping``; else None.
-        mems: with ``use_mems``, L tensors (B, M', D): the new memory of each layer (its input states), detached;
-            else None.
-        logits: with ``return_logits``, the LM head's vocabulary scores of the stream it names: (B, T, V) for
-            "content", (B, N, V) for "query", or (n, V) for the n rows ``logits_rows`` selects; else None.
-    """
-
-    last_hidden_state: Tensor
-    pooled_output: Tensor
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor, ...] | None = None
-    query_state: Tensor | None = None
-    mems: tuple[Tensor, ...] | None = None
-    logits: Tensor | None = None
-
-
-class XLNetLMOutput(NamedTuple):
-    """What ``XLNet.forward_lm`` returns.
-
-    Attributes:
-        last_hidden_state: (B, T, D) row t is the state that predicts token t + 1 from tokens 0..t (and the
-            memory): ``lm_logits`` of it are next-token scores.
-        mems: L tensors (B, M + T, D), detached: the memory given, then the content-stream inputs of each layer at
-            the T tokens; pass them (and ``mems_mask``) with the next tokens.
-    """
-
-    last_hidden_state: Tensor
-    mems: tuple[Tensor, ...]
 
 
 class XLNetFeedForward(nn.Module):

@@ -3,31 +3,12 @@
 Flat keyword arguments only (never a config object). Mask conventions: see ``lmforge.nn.masks``.
 """
 
-from lmforge.nn.attention import (
-    KERNELS,
-    SCORES,
-    AdditiveScore,
-    Attention,
-    AttentionOutput,
-    CosineScore,
-    DotScore,
-    GeneralScore,
-    KVCache,
-    LocationScore,
-    MultiHeadAttention,
-    RewardBaseline,
-    SampledAlignments,
-    ScaledDotScore,
-    attention_weights,
-    make_score,
-    masked_softmax,
-    math_attention,
-    reinforce_loss,
-    sdpa_attention,
-)
+from lmforge.nn.attention import KERNELS, MultiHeadAttention, attention_weights, math_attention, sdpa_attention
 from lmforge.nn.crf import LinearChainCRF
 from lmforge.nn.feedforward import ACTIVATIONS, FeedForward, gelu_sigmoid
+from lmforge.nn.generic_attention import Attention
 from lmforge.nn.inputs import check_flag, check_id_range, check_input_ids, check_integer_tensor, select_layers
+from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.layers import DecoderLayer, EncoderLayer, LayerCache, LayerOutput, StackCache
 from lmforge.nn.masks import (
     combine_masks,
@@ -39,6 +20,7 @@ from lmforge.nn.masks import (
     to_additive_mask,
 )
 from lmforge.nn.positional import LearnedPositional, Positions, RotaryEmbedding, SinusoidalPositional, build_positional
+from lmforge.nn.reinforce import RewardBaseline, SampledAlignments, reinforce_loss
 from lmforge.nn.relative import (
     RelativeAttentionOutput,
     RelativeMultiHeadAttention,
@@ -46,6 +28,19 @@ from lmforge.nn.relative import (
     relative_positions_encoding,
 )
 from lmforge.nn.rnn import AttentionPooling, RNNOutput, StackedRNN, compact_padding, make_rnn, make_state_score
+from lmforge.nn.scores import (
+    SCORES,
+    AdditiveScore,
+    AttentionOutput,
+    CosineScore,
+    DotScore,
+    GeneralScore,
+    LocationScore,
+    ScaledDotScore,
+    make_score,
+    masked_softmax,
+)
+from lmforge.nn.stack import StackOutput, run_layers
 
 __all__ = [
     "ACTIVATIONS",
@@ -104,4 +99,6 @@ __all__ = [
     "RelativeMultiHeadAttention",
     "rel_shift",
     "relative_positions_encoding",
+    "StackOutput",
+    "run_layers",
 ]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.packed_dropout import Dropout
+from lmforge.nn.kernels.packed_dropout import Dropout
 
 __all__ = ["ACTIVATIONS", "FeedForward", "gelu_sigmoid"]
 

@@ -17,10 +17,11 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import KVCache, MultiHeadAttention
+from lmforge.nn.attention import MultiHeadAttention
 from lmforge.nn.feedforward import FeedForward
-from lmforge.nn.packed_dropout import Dropout
-from lmforge.nn.packing import Packing
+from lmforge.nn.kernels.packed_dropout import Dropout
+from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kv_cache import KVCache
 
 __all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput", "StackCache"]
 
@@ -196,7 +197,7 @@ class EncoderLayer(nn.Module):
             x: (B, T, D), or (N, D) the real tokens' rows with ``packing``.
             attention_mask: (B, T), 1 = real token, 0 = padding.
             need_weights: also return the self-attention weights.
-            packing: run on the packed real tokens (``lmforge.nn.packing``): norms, dropout and the feed-forward
+            packing: run on the packed real tokens (``lmforge.nn.kernels.packing``): norms, dropout and the feed-forward
                 are token-wise, self-attention unpacks for the attention itself.
             first_only: compute the output at the first position only ((B, T, D) input, no packing): its query
                 attends to every position's keys and values as in the full layer, and nothing else is computed

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import masked_softmax
-from lmforge.nn.packed_dropout import dropout
+from lmforge.nn.kernels.packed_dropout import dropout
+from lmforge.nn.scores import masked_softmax
 
 __all__ = ["RelativeAttentionOutput", "RelativeMultiHeadAttention", "rel_shift", "relative_positions_encoding"]
 

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.attention import Attention, CosineScore, make_score
+from lmforge.nn.generic_attention import Attention
 from lmforge.nn.masks import key_padding_mask
+from lmforge.nn.scores import CosineScore, make_score
 
 __all__ = ["CELLS", "AttentionPooling", "RNNOutput", "StackedRNN", "check_lstm_state", "compact_padding", "make_rnn",
            "make_state_score", "reorder_lstm_state"]
@@ -52,14 +53,14 @@ def make_rnn(cell: str, d_input: int, d_hidden: int, *, n_layers: int = 1, bidir
 def make_state_score(name: str, d_model: int, *, max_len: int | None = None) -> nn.Module:
     """A scoring function between RNN states of width D (queries and keys alike), by name.
 
-    As ``lmforge.nn.attention.make_score`` with d_q = d_k = D and the additive hidden width A = D, except for
+    As ``lmforge.nn.scores.make_score`` with d_q = d_k = D and the additive hidden width A = D, except for
     'cosine': its strength is beta = sqrt(D) instead of 1. Why: RNN states are bounded (|h_i| <= 1), so with
     beta = 1 the scores stay in [-1, 1] and the softmax can never concentrate (a toy reversal task stalled below
     100% for 500 steps); sqrt(D) makes cosine the norm-free version of the scaled dot product (for states of
     unit-variance entries, q . k / sqrt(D) ~ cos(q, k) sqrt(D)). Graves et al. (2014) emit beta from the controller.
 
     Args:
-        name: one of ``lmforge.nn.attention.SCORES``.
+        name: one of ``lmforge.nn.scores.SCORES``.
         d_model: D.
         max_len: longest source ('location').
 
@@ -245,7 +246,7 @@ class AttentionPooling(nn.Module):
         """
         Args:
             d_model: D, width of the states (and of the query).
-            score: a name in ``lmforge.nn.attention.SCORES``.
+            score: a name in ``lmforge.nn.scores.SCORES``.
             max_len: longest sequence (needed by 'location').
         """
         super().__init__()

@@ -16,7 +16,7 @@ the model's config) gives such windows, in text order, marked ``backward``; this
 Loss term ``lm`` (sum of the token cross-entropies, number of tokens): the Trainer reports ``eval_ppl_lm``, the
 perplexity on the held-out documents. Metric ``lm_accuracy``: next-token accuracy.
 
-Regularisers (Merity et al. 2018, section 4.6), in training only and off by default (``DataConfig.ar_alpha``,
+Regularisers (Merity et al. 2018, section 4.6), in training only and off by default (``AWDLMLoss.ar_alpha``,
 ``tar_beta``; theirs and fastai's 2 and 1): term ``ar`` = alpha x the mean over tokens and units of the last layer's
 output after output dropout, squared; term ``tar`` = beta x the mean over consecutive real positions and units of
 (h_t - h_{t-1})^2 on the raw last-layer output (a window's first position has no predecessor in it). Evaluation
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.options import AWDLMLoss  # noqa: F401  (its loss options, for importers)
 
 IGNORE = -100
 

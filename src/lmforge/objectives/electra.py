@@ -8,7 +8,7 @@ corrupted text. Batches are the masked-LM plans' (``lmforge.data.pretraining``):
 
 Loss (equation 1 of the paper, summed over the batch here and divided by the Trainer):
 
-    L = L_MLM(x, theta_G) + lambda * L_Disc(x, theta_D),   lambda = ``DataConfig.rtd_weight`` (50)
+    L = L_MLM(x, theta_G) + lambda * L_Disc(x, theta_D),   lambda = ``ElectraLoss.rtd_weight`` (50)
 
 - ``mlm``: the generator's cross-entropy summed over the N masked tokens (items: N), so its term is the mean over
   masked tokens, as BERT's MLM;
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.options import ElectraLoss  # noqa: F401  (its loss options, for importers)
 
 IGNORE = -100
 

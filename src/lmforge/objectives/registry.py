@@ -8,7 +8,10 @@ An entry says everything the pretraining recipe needs, so that nothing else bran
 - ``plan``: how examples are cut from the prepared corpus (one of ``lmforge.data.instances.PLANS``: segment pairs
   with NSP labels, packed sentences, contiguous single segments, causal blocks);
 - ``masking``: ``"config"`` (the run's ``data.masking``), a fixed strategy (SpanBERT's ``"span"``), or ``None``;
-- ``loss``: builds the ``objective(model, batch)`` callable the Trainer runs;
+- ``loss``: builds the ``objective(model, batch)`` callable the Trainer runs, from the run's ``DataConfig`` (and, for
+  an objective with ``loss_options``, an instance of them: ``loss(data, options)``);
+- ``loss_options``: the dataclass of the objective's own loss settings (``--loss.X`` / a ``[loss]`` table: ELECTRA's
+  ``rtd_weight``, the AWD-LSTM's ``ar_alpha`` / ``tar_beta``, Transformer-XL's ``eval_mem_len``), or None;
 - ``fallback``: the objective used instead when the corpus is too small for this one (NSP needs two documents).
 - ``check_model``: ``check_model(model_config, data_config)`` raises ``LmforgeError`` for a model of the right family
   that the objective still cannot train (Transformer-XL: bidirectional attention, no memory length); the recipe
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.errors import LmforgeError
+from lmforge.objectives.options import AWDLMLoss, ElectraLoss, TXLLoss
 
 
 @dataclass(frozen=True)
@@ -35,16 +39,40 @@ class PretrainingObjective:
     description: str
     arch: str
     plan: str
-    loss: Callable[[Any], Callable]  # DataConfig -> objective(model, batch)
+    # DataConfig -> objective(model, batch); (DataConfig, loss options) -> ... for an objective with loss_options
+    loss: Callable[..., Callable]
     head: dict[str, Any] | None = None
     masking: str | None = "config"
     head_options: Callable[[Any], dict[str, Any]] = field(default=lambda data: {})
     fallback: str | None = None
     check_model: Callable[[Any, Any], None] | None = None
+    loss_options: type | None = None
 
     def head_spec(self, data: Any) -> dict[str, Any] | None:
         """The head to put on the backbone for a run with this ``DataConfig``."""
         return None if self.head is None else {**self.head, **self.head_options(data)}
+
+    def options(self, values: dict[str, Any] | None = None, where: str = "loss") -> Any:
+        """The objective's loss options from ``values`` (the run's ``[loss]`` table; strict: an unknown key lists the
+        valid ones); None for an objective without options.
+
+        Raises:
+            LmforgeError: a value is invalid, or options are given to an objective that has none.
+        """
+        if self.loss_options is None:
+            if values:
+                raise LmforgeError(f"{where}: objective {self.name!r} has no loss options (got "
+                                   f"{', '.join(map(repr, values))}); objectives with loss options: "
+                                   f"{', '.join(n for n, o in OBJECTIVES.items() if o.loss_options)}")
+            return None
+        from lmforge.config import from_dict
+
+        return from_dict(self.loss_options, dict(values or {}), where=f"{where} (objective {self.name})")
+
+    def build_loss(self, data: Any, values: dict[str, Any] | None = None) -> Callable:
+        """The ``objective(model, batch)`` callable of a run with this ``DataConfig`` and ``[loss]`` table."""
+        options = self.options(values)
+        return self.loss(data) if self.loss_options is None else self.loss(data, options)
 
     def masking_for(self, data: Any) -> str | None:
         """The masking strategy of a run with this ``DataConfig``."""
@@ -118,17 +146,18 @@ register_objective(PretrainingObjective(
     plan="causal", head=None, masking=None, loss=_bilm))
 
 
-def _awd_lm(data: Any) -> Callable:
+def _awd_lm(data: Any, options: Any = None) -> Callable:
     from lmforge.objectives.awd_lm import AWDLMObjective
 
-    return AWDLMObjective(ar_alpha=data.ar_alpha, tar_beta=data.tar_beta)
+    options = options or AWDLMLoss()
+    return AWDLMObjective(ar_alpha=options.ar_alpha, tar_beta=options.tar_beta)
 
 
 # Its own entry rather than "clm": the family (awd_lstm), the data plan (a stream read in consecutive windows, not
 # independent blocks) and the loss (which carries the LSTM state from batch to batch) all differ.
 register_objective(PretrainingObjective(
     "awd_lm", "AWD-LSTM / ULMFiT (Merity et al. 2018; Howard & Ruder 2018): LSTM LM, stateful truncated BPTT",
-    arch="awd_lstm", plan="stream", head=None, masking=None, loss=_awd_lm))
+    arch="awd_lstm", plan="stream", head=None, masking=None, loss=_awd_lm, loss_options=AWDLMLoss))
 
 
 def _plm(data: Any) -> Callable:
@@ -150,10 +179,10 @@ register_objective(PretrainingObjective(
     arch="xlnet", plan="plm", head=None, masking=None, loss=_plm, check_model=_check_plm))
 
 
-def _txl(data: Any) -> Callable:
+def _txl(data: Any, options: Any = None) -> Callable:
     from lmforge.objectives.txl import TXLObjective
 
-    return TXLObjective(eval_mem_len=data.eval_mem_len)
+    return TXLObjective(eval_mem_len=(options or TXLLoss()).eval_mem_len)
 
 
 def _check_txl(config: Any, data: Any) -> None:
@@ -166,7 +195,8 @@ def _check_txl(config: Any, data: Any) -> None:
 # batch's row) so that the memory of a row's previous segment is the right context of its next one.
 register_objective(PretrainingObjective(
     "txl", "Transformer-XL (Dai et al. 2019): causal LM over consecutive segments with memory", arch="xlnet",
-    plan="stream", head=None, masking=None, loss=_txl, check_model=_check_txl))
+    plan="stream", head=None, masking=None, loss=_txl, check_model=_check_txl,
+    loss_options=TXLLoss))
 
 
 def _denoise(data: Any) -> Callable:
@@ -183,10 +213,10 @@ register_objective(PretrainingObjective(
     loss=_denoise))
 
 
-def _electra(data: Any) -> Callable:
+def _electra(data: Any, options: Any = None) -> Callable:
     from lmforge.objectives.electra import ElectraObjective
 
-    return ElectraObjective(rtd_weight=data.rtd_weight)
+    return ElectraObjective(rtd_weight=(options or ElectraLoss()).rtd_weight)
 
 
 # The discriminator is the backbone (what a saved run's folder loads as an encoder); the head holds the generator, which
@@ -194,4 +224,4 @@ def _electra(data: Any) -> Callable:
 register_objective(PretrainingObjective(
     "electra", "ELECTRA (Clark et al. 2020): a small MLM generator fills the masked tokens, the discriminator detects "
     "which tokens were replaced (loss MLM + rtd_weight x BCE)", arch="encoder", plan="packed",
-    head={"type": "electra"}, loss=_electra))
+    head={"type": "electra"}, loss=_electra, loss_options=ElectraLoss))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmforge.nn.attention import reinforce_loss
+from lmforge.nn.reinforce import reinforce_loss
 from lmforge.objectives.base import ObjectiveOutput
 
 IGNORE = -100

@@ -17,9 +17,10 @@ checkpointed: a resumed run starts its first window without memory (one segment 
 AWD-LSTM's state.
 
 Memory lengths: training keeps ``ModelConfig.mem_len`` states (it must be set: ``None`` would keep the whole stream);
-evaluation keeps ``DataConfig.eval_mem_len`` (default: the same), which may be longer: "the evaluation context length
-can exceed the training one" (Dai et al. section 3.3; their WikiText-103 base model trains with a memory of 150
-and evaluates with 640). Evaluation reads the eval stream in order with the memory, from its first window.
+evaluation keeps ``TXLLoss.eval_mem_len`` (``--loss.eval_mem_len``; default: the same), which may be longer: "the
+evaluation context length can exceed the training one" (Dai et al. section 3.3; their WikiText-103 base model trains
+with a memory of 150 and evaluates with 640). Evaluation reads the eval stream in order with the memory, from its
+first window.
 
 Window lengths: the stream plan draws them around ``seq_len`` (Merity et al.'s variable BPTT, ``data.variable_bptt``,
 on by default); Dai et al. train on segments of a fixed length: set ``--data.variable_bptt=false`` for that. The
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput, unwrapped
+from lmforge.objectives.options import TXLLoss  # noqa: F401  (its loss options, for importers)
 
 IGNORE = -100
 

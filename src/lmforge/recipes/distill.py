@@ -122,7 +122,7 @@ def build_student(run: DistillRun, teacher) -> tuple[Any, Any]:
     import torch
 
     from lmforge.config import ModelConfig, model_config_from_preset
-    from lmforge.models.pretrained import build_backbone, load_pretrained
+    from lmforge.persistence import build_backbone, load_pretrained
 
     t_config = teacher.config
     teacher_head = getattr(teacher.model, "head", None)
@@ -164,10 +164,10 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     from lmforge.data.pretraining import PretrainingData
     from lmforge.data.shards import ShardedCorpus
     from lmforge.heads import build_head
-    from lmforge.models.pretrained import load_pretrained
     from lmforge.objectives.distill import DistillationObjective, DistillationStudent
+    from lmforge.persistence import load_pretrained
     from lmforge.training.distributed import init_distributed
-    from lmforge.training.trainer import Trainer
+    from lmforge.training.trainer import RunOutput, Trainer
     from lmforge.utils.io import check_not_input
 
     # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
@@ -228,6 +228,7 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     n_teacher = sum(p.numel() for p in teacher.model.parameters())
     log.info("student: %d layers, %.1fM parameters (teacher: %d layers, %.1fM)", config.n_layers, n_student / 1e6,
              teacher.config.n_layers, n_teacher / 1e6)
-    return Trainer(student, objective, train, run.train, run.out, eval_data=evaluation, tokenizer=tokenizer,
-                   model_config=config, run_config=to_dict(run), resume=resume, overwrite=overwrite,
-                   progress=progress, run_kind=f"distill (teacher {run.teacher}, student {run.student})")
+    output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
+                       run_config=to_dict(run), run_kind=f"distill (teacher {run.teacher}, student {run.student})",
+                       model_config=config)
+    return Trainer(student, objective, train, run.train, output, eval_data=evaluation)

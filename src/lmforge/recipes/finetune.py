@@ -74,7 +74,7 @@ def load_encoder(source: str, tokenizer_dir: str = "", seed: int = 0, preset_opt
 
     from lmforge.config import model_config_from_preset
     from lmforge.models import architecture, architectures_with
-    from lmforge.models.pretrained import build_backbone, load_backbone
+    from lmforge.persistence import build_backbone, load_backbone
     from lmforge.tokenizers import WordPieceTokenizer
 
     tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
@@ -229,7 +229,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     from lmforge.tasks.base import TaskObjective
     from lmforge.training.distributed import init_distributed
     from lmforge.training.freeze import freeze, lr_scales
-    from lmforge.training.trainer import Trainer
+    from lmforge.training.trainer import RunOutput, Trainer
     from lmforge.utils.io import check_not_input
 
     check_not_input(run.out, [p for p in (run.model, run.tokenizer, run.train_file, run.dev_file,
@@ -301,10 +301,11 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     if run.task.lm_weight:
         log.info("auxiliary LM loss: L = L_task + %g * L_LM (GPT-1; --task.lm_weight=0 turns it off)",
                  run.task.lm_weight)
-    trainer = Trainer(model, TaskObjective(task, run.task.lm_weight or 0.0), data, run.train, run.out,
-                      tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
-                      progress=progress, evaluator=evaluator, select=task.metric if evaluator else None,
-                      lr_scales=scales, callbacks=callbacks, run_kind=f"finetune (task {run.task.task})")
+    output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
+                       run_config=to_dict(run), run_kind=f"finetune (task {run.task.task})")
+    trainer = Trainer(model, TaskObjective(task, run.task.lm_weight or 0.0), data, run.train, output,
+                      evaluator=evaluator, select=task.metric if evaluator else None, lr_scales=scales,
+                      callbacks=callbacks)
     return trainer, task
 
 
@@ -349,7 +350,7 @@ def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> No
 # ---------------------------------------------------------------------------------------------- evaluate, predict
 def load_task_model(directory: str):
     """(model, task, tokenizer) of a fine-tuned model folder."""
-    from lmforge.models.pretrained import load_pretrained
+    from lmforge.persistence import load_pretrained
     from lmforge.tasks import task_from_head_spec
 
     loaded = load_pretrained(directory)

@@ -1,7 +1,8 @@
 """The pretraining recipe: BERT (MLM + NSP), RoBERTa (MLM), SpanBERT (MLM + SBO), GPT (causal LM), XLNet (PLM) and
 the other objectives of ``lmforge.objectives.registry``.
 
-A run is a ``PretrainRun`` (model preset and overrides, ``DataConfig``, ``TrainConfig``); ``build_trainer`` reads the
+A run is a ``PretrainRun`` (model preset and overrides, ``DataConfig``, the objective's loss options, ``TrainConfig``);
+``build_trainer`` reads the
 prepared corpus and its tokenizer, builds the model and its head, and returns the Trainer. Distributed runs need
 nothing more than ``torchrun`` (see ``lmforge.training.distributed``). ``lmforge pretrain`` is its command line.
 """
@@ -9,6 +10,7 @@ nothing more than ``torchrun`` (see ``lmforge.training.distributed``). ``lmforge
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,28 @@ class PretrainRun:
     layer_decay: float = 1.0
     model: dict[str, Any] = field(default_factory=dict)
     data: DataConfig = field(default_factory=DataConfig)
+    # the objective's own options (``lmforge.objectives.options``: ELECTRA's rtd_weight, the AWD-LSTM's ar_alpha and
+    # tar_beta, Transformer-XL's eval_mem_len), checked against the objective ``data.objective`` names
+    loss: dict[str, Any] = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    @classmethod
+    def _upgrade_values(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
+        """A run's settings as this release reads them: the loss weights a ``[data]`` table held before objectives
+        had their own options move to ``[loss]``, with a DeprecationWarning (they go in the next release)."""
+        data = values.get("data")
+        moved = [k for k in DataConfig.MOVED_TO_LOSS if isinstance(data, dict) and k in data]
+        if not moved:
+            return values
+        warnings.warn(f"{where}: {', '.join(f'data.{k}' for k in moved)} moved to "
+                      f"{', '.join(f'loss.{k}' for k in moved)} (the objective's loss options); the old keys go in "
+                      "the next release", DeprecationWarning, stacklevel=3)
+        loss = dict(values.get("loss") or {})
+        for key in moved:
+            if key in loss:
+                raise LmforgeError(f"{where}: both data.{key} and loss.{key} are set; keep loss.{key}")
+            loss[key] = data[key]
+        return {**values, "data": {k: v for k, v in data.items() if k not in moved}, "loss": loss}
 
 
 def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | None = None):
@@ -60,8 +83,8 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
     from lmforge.config import model_config_from_preset
     from lmforge.heads import TaskModel, build_head
     from lmforge.models import ARCHITECTURES, architecture
-    from lmforge.models.pretrained import build_backbone
     from lmforge.objectives.registry import get_objective
+    from lmforge.persistence import build_backbone
 
     objective = get_objective(run.data.objective)
     start = _start_model(run, vocab_size)
@@ -93,7 +116,7 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
 def _start_model(run: PretrainRun, vocab_size: int):
     """``init_from``'s backbone and its config with the run's ``model`` overrides (None without ``init_from``)."""
     from lmforge.config import ModelConfig
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     if not run.init_from:
         return None
@@ -139,7 +162,7 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     from lmforge.objectives.registry import get_objective
     from lmforge.tokenizers import WordPieceTokenizer
     from lmforge.training.distributed import init_distributed
-    from lmforge.training.trainer import Trainer
+    from lmforge.training.trainer import RunOutput, Trainer
     from lmforge.utils.io import check_not_input
 
     # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
@@ -167,7 +190,7 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
                                masking=objective.masking_for(run.data), split=split, seed=run.train.seed,
                                rank=info.rank, world_size=info.world_size)
 
-    get_objective(run.data.objective)  # an unknown name fails before the corpus is read
+    get_objective(run.data.objective).options(run.loss)  # an unknown name or option fails before the corpus is read
     try:
         train = data("train")
     except TooFewDocumentsError as err:
@@ -183,12 +206,12 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         if isinstance(split_data, LMStreamData):
             split_data.reverse = bool(getattr(config, "reverse", False))
     give_vocabulary(getattr(model, "backbone", model), config, tokenizer)
-    objective = get_objective(run.data.objective).loss(run.data)
+    objective = get_objective(run.data.objective).build_loss(run.data, run.loss)
     scales = None
     if run.layer_decay < 1.0:
         from lmforge.training.freeze import lr_scales
 
         scales = lr_scales(model, lr=run.train.lr, layer_decay=run.layer_decay)
-    return Trainer(model, objective, train, run.train, run.out, eval_data=evaluation, tokenizer=tokenizer,
-                   run_config=to_dict(run), resume=resume, overwrite=overwrite, progress=progress,
-                   lr_scales=scales, run_kind=run_kind(run))
+    output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
+                       run_config=to_dict(run), run_kind=run_kind(run))
+    return Trainer(model, objective, train, run.train, output, eval_data=evaluation, lr_scales=scales)

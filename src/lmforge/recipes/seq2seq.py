@@ -116,7 +116,7 @@ def build_model(run: Seq2SeqRun, vocab_size: int, pad_id: int):
 
     from lmforge.config import model_config_from_preset
     from lmforge.models import architecture, architectures_with
-    from lmforge.models.pretrained import build_backbone
+    from lmforge.persistence import build_backbone
 
     start = _start_model(run, vocab_size) if run.init else None
     config = start.config if start is not None else \
@@ -168,7 +168,7 @@ def _start_model(run: Seq2SeqRun, vocab_size: int):
     """The ``--init`` folder's model, its config with the run's ``model`` settings (dropouts only)."""
     from lmforge.config import ModelConfig
     from lmforge.models import architecture
-    from lmforge.models.pretrained import load_backbone
+    from lmforge.persistence import load_backbone
 
     _check_init_folder(run)
     loaded = load_backbone(run.init)
@@ -268,7 +268,7 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
     from lmforge.objectives import Seq2SeqObjective
     from lmforge.tokenizers import WordPieceTokenizer
     from lmforge.training.distributed import init_distributed
-    from lmforge.training.trainer import Trainer
+    from lmforge.training.trainer import RunOutput, Trainer
     from lmforge.utils.io import check_not_input
 
     check_not_input(run.out, [p for p in (run.tokenizer, run.init, run.data.train, run.data.dev, run.data.test)
@@ -315,9 +315,10 @@ def build_seq2seq_trainer(run: Seq2SeqRun, *, resume: str = "never",
 
     log.info("train-seq2seq: %s, %d training pairs, %d dev, %d test; %d steps (%d per epoch)",
              describe_model(run, config, model), len(train), len(dev), len(test), run.train.max_steps, per_epoch)
-    trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, run.out,
-                      tokenizer=tokenizer, run_config=to_dict(run), resume=resume, overwrite=overwrite,
-                      progress=progress, evaluator=evaluator, select=run.select if evaluator else None)
+    output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
+                       run_config=to_dict(run))
+    trainer = Trainer(model, Seq2SeqObjective(run.label_smoothing), data, run.train, output, evaluator=evaluator,
+                      select=run.select if evaluator else None)
     return trainer, tokenizer, test
 
 

@@ -19,7 +19,7 @@ Every server also answers ``/health``, ``/info`` (the model, its task and labels
 naming what this model serves.
 The answers are those of ``lmforge.pipeline`` (and ``/embed`` those of ``lmforge embed``: the same
 ``embed_texts`` with the same layers, combine and pooling). Request limits and errors: ``lmforge.serve.schemas``.
-Batching: ``lmforge.serve.batcher``. Weights are read only through ``lmforge.models.pretrained`` (safetensors;
+Batching: ``lmforge.serve.batcher``. Weights are read only through ``lmforge.persistence`` (safetensors;
 pickle files are refused).
 
 FastAPI and uvicorn are optional dependencies (``pip install 'lmforge[serve]'``); ``create_app`` imports FastAPI.
@@ -78,7 +78,7 @@ class ServedModel:
 
     def __init__(self, model_dir: str | Path, limits: Limits, *, max_batch: int = 32, device: str = "cpu",
                  compile: bool = False) -> None:
-        from lmforge.models.pretrained import CONFIG_NAME, read_config
+        from lmforge.persistence import CONFIG_NAME, read_config
 
         self.dir = Path(model_dir)
         self.limits, self.max_batch, self.device = limits, max_batch, device
@@ -148,7 +148,7 @@ class ServedModel:
         self.endpoints = ["/fill-mask", "/embed"]
 
     def _load_plain(self) -> None:
-        from lmforge.models.pretrained import load_pretrained
+        from lmforge.persistence import load_pretrained
 
         loaded = load_pretrained(self.dir, with_head=False)
         self.model, self.tokenizer, self.config, self.head_type = loaded.model.to(self.device).eval(), \
@@ -369,7 +369,7 @@ def _hf_has_mlm(directory: Path) -> bool:
     """Whether a Hugging Face BERT folder holds masked-LM head weights (read from the safetensors header only)."""
     from safetensors import safe_open
 
-    from lmforge.models.pretrained import WEIGHTS_NAME
+    from lmforge.persistence import WEIGHTS_NAME
 
     path = directory / WEIGHTS_NAME
     if not path.is_file():

@@ -39,7 +39,9 @@ from torch import nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.models.pretrained import (
+from lmforge.training.logging import METRICS_NAME, truncate_metrics
+from lmforge.utils.io import atomic_open, atomic_write_bytes, check_output_dir, prepare_output_dir
+from lmforge.utils.model_folder import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     dedupe_tied,
@@ -48,8 +50,6 @@ from lmforge.models.pretrained import (
     read_weights,
     save_pretrained,
 )
-from lmforge.training.logging import METRICS_NAME, truncate_metrics
-from lmforge.utils.io import atomic_open, atomic_write_bytes, check_output_dir, prepare_output_dir
 
 log = logging.getLogger("lmforge")
 

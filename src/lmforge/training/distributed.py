@@ -191,7 +191,7 @@ def shard_model(model: nn.Module, info: DistInfo) -> dict[str, str]:
     unit, then the root. Call it before building the optimizer (the parameters become DTensors).
 
     Returns:
-        The model's tied parameters, ``{alias: kept name}`` (as ``lmforge.models.pretrained.dedupe_tied``), which a
+        The model's tied parameters, ``{alias: kept name}`` (as ``lmforge.utils.model_folder.dedupe_tied``), which a
         gathered state dict no longer shows by identity; ``gather_model_state`` restores them.
 
     Raises:
@@ -205,7 +205,7 @@ def shard_model(model: nn.Module, info: DistInfo) -> dict[str, str]:
     except ImportError as err:  # torch < 2.6
         raise LmforgeError(f"parallel=fsdp needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this torch is "
                            f"{torch.__version__}: upgrade it or use parallel=ddp") from err
-    from lmforge.models.pretrained import dedupe_tied
+    from lmforge.utils.model_folder import dedupe_tied
 
     _, tied = dedupe_tied(model.state_dict())
     for name, module in model.named_modules():

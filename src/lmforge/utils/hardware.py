@@ -1,7 +1,7 @@
 """Facts about the CPU this process runs on, read once: the last-level cache size and native bf16 arithmetic.
 
 Kept here, below every model module, so that the kernels that size their chunks to the cache
-(``lmforge.nn.linear_ce``, ``lmforge.nn.packed_dropout``) and the training code that picks a precision
+(``lmforge.nn.kernels.linear_ce``, ``lmforge.nn.kernels.packed_dropout``) and the training code that picks a precision
 (``lmforge.training.precision``, ``lmforge.training.logging``) read the same facts the same way.
 """
 

@@ -1,0 +1,52 @@
+"""The AWD-LSTM family (``arch = "awd_lstm"``; Merity et al. 2018, ULMFiT's encoder, Howard & Ruder 2018;
+``lmforge.models.awd_lstm``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from lmforge.config.model import MAX_SIZE, ModelConfig, register_family
+
+
+@register_family
+@dataclass
+class AWDLSTMConfig(ModelConfig):
+    """``d_model`` is the embedding width (= the last LSTM layer's, tied), ``d_hidden`` the inner layers' width; the
+    five dropouts (embedding rows, variational on the input / between layers / on the output, DropConnect on W_hh)
+    default to fastai's AWD-LSTM classifier config; ``bptt``: the window of BPT3C; ``bpt3c_grad_len``: a document's
+    last tokens that get gradients; ``reverse``: a backward model (each row's real tokens read right to left;
+    ULMFiT's forward + backward ensemble)."""
+
+    arch: str = "awd_lstm"
+    d_hidden: int = 1150
+    embed_p: float = 0.05
+    input_p: float = 0.4
+    hidden_p: float = 0.3
+    weight_p: float = 0.5
+    output_p: float = 0.4
+    bptt: int = 70
+    bpt3c_grad_len: int = 1440
+    reverse: bool = False
+
+    archs: ClassVar[tuple[str, ...]] = ("awd_lstm",)
+    transformer: ClassVar[bool] = False
+
+    def _family_problems(self) -> list[str]:
+        problems = []
+        for name in ("d_hidden", "bptt", "bpt3c_grad_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= MAX_SIZE["d_ff"]:
+                problems.append(f"{name}={value!r} must be an integer in [1, {MAX_SIZE['d_ff']:,}]")
+        for name in ("embed_p", "input_p", "hidden_p", "weight_p", "output_p"):
+            if not 0.0 <= getattr(self, name) < 1.0:  # also refuses NaN
+                problems.append(f"{name}={getattr(self, name)} must be in [0, 1)")
+        return problems
+
+
+# "awd-lstm" at the sizes of Merity et al. (2018) and ULMFiT (emb 400, hidden 1150, 3 layers); "awd-lstm-small" trains
+# on a 2-core laptop in minutes (same dropouts)
+PRESETS: dict[str, dict[str, Any]] = {
+    "awd-lstm": dict(arch="awd_lstm", d_model=400, d_hidden=1150, n_layers=3, max_seq_len=1 << 20),
+    "awd-lstm-small": dict(arch="awd_lstm", d_model=128, d_hidden=256, n_layers=3, max_seq_len=1 << 20),
+}

@@ -1,0 +1,102 @@
+"""Unpadding: run the token-wise parts of an encoder layer on the real tokens of a padded batch only.
+
+Shape legend: B batch, T padded length, N real tokens in the batch (N <= B x T), D width.
+
+In a padded batch of sequences whose lengths vary (16..128 tokens at batch 32: on average 56% of the positions are
+real), every projection, feed-forward network, LayerNorm and dropout of an encoder spends the rest of its time on
+padding. Those operations are token-wise, so they give the same result on the packed (N, D) rows of the real
+tokens; only attention mixes positions, and it runs on the padded (B, T) layout with the key mask, as before. So an
+encoder layer under a ``Packing`` keeps its hidden state packed, and its self-attention scatters the projected
+queries, keys and values into the padded layout, attends, and gathers the output back before the output
+projection (``MultiHeadAttention.forward(packing=...)``). The scatter and the gather move 4 x N x D numbers per
+layer; the GEMMs they spare move and multiply far more.
+
+What changes for a caller: nothing at the real positions (the same function, up to float rounding of a different
+GEMM shape). The outputs at padded positions, which callers ignore (``lmforge.nn.masks``), are zeros instead of the
+values a padded query happened to produce. Dropout draws its masks for N rows instead of B x T, so a training run
+with packing is a different (equally distributed) random draw than one without; runs resume exactly either way.
+
+``Packing.decide`` returns None (run padded) when the batch has no padding or its real share is above
+``PACK_ABOVE``: there the gather and scatter cost more than the padding they skip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["PACK_ABOVE", "Packing", "packed_tokenwise", "padded_tokenwise"]
+
+# Pack only when at most this share of the positions is real (measured: at 0.9 real the saving and the gather and
+# scatter cost about the same for a 6-layer 384-wide encoder on CPU).
+PACK_ABOVE = 0.9
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a (B, T) padded batch are.
+
+    Attributes:
+        index: (N,) int64 flat positions ``b * T + t`` of the real tokens, in order.
+        key_mask: (B, T) bool, True = real token (the attention's key mask).
+        batch, length: B and T.
+    """
+
+    index: Tensor
+    key_mask: Tensor
+    batch: int
+    length: int
+
+    @classmethod
+    def from_mask(cls, key_mask: Tensor) -> Packing:
+        """From a (B, T) bool mask, True = real token."""
+        B, T = key_mask.shape
+        return cls(key_mask.reshape(-1).nonzero().squeeze(1), key_mask, B, T)
+
+    @classmethod
+    def decide(cls, key_mask: Tensor | None, *, enabled: bool = True) -> Packing | None:
+        """A packing for ``key_mask`` when it is worth it (see the module docstring), else None."""
+        if not enabled or key_mask is None:
+            return None
+        packing = cls.from_mask(key_mask)
+        if packing.index.numel() > PACK_ABOVE * key_mask.numel() or packing.index.numel() == 0:
+            return None
+        return packing
+
+    @property
+    def tokens(self) -> int:
+        """N."""
+        return self.index.numel()
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, T, ...) -> (N, ...): the rows of the real tokens."""
+        return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(N, ...) -> (B, T, ...): the rows back in place, zeros at the padded positions (differentiable)."""
+        out = x.new_zeros((self.batch * self.length, *x.shape[1:]))
+        return out.index_copy(0, self.index, x).view(self.batch, self.length, *x.shape[1:])
+
+
+def packed_tokenwise(fn: Callable[[Tensor], Tensor], x: Tensor, key_mask: Tensor) -> Tensor:
+    """A token-wise ``fn`` on the real tokens only: pack, apply, unpack (what an encoder layer does around its
+    projections, feed-forward network, norms and dropout under a ``Packing``).
+
+    Args:
+        fn: (..., D) -> (..., D'), acting on each row alone.
+        x: (B, T, D) a padded batch.
+        key_mask: (B, T) bool, True = real token.
+
+    Returns:
+        (B, T, D'): ``fn``'s rows at the real tokens, zeros at padding.
+    """
+    packing = Packing.from_mask(key_mask)
+    return packing.unpack(fn(packing.pack(x)))  # (B, T, D')
+
+
+def padded_tokenwise(fn: Callable[[Tensor], Tensor], x: Tensor, key_mask: Tensor) -> Tensor:
+    """The reference of ``packed_tokenwise``: ``fn`` on every position of the padded batch, zeros written at
+    padding."""
+    return fn(x).masked_fill(~key_mask.unsqueeze(-1), 0.0)  # (B, T, D')

@@ -1,0 +1,61 @@
+"""The loss options of the pretraining objectives that have any: one dataclass per objective, named by its registry
+entry (``lmforge.objectives.registry``: ``loss_options``), filled from the run's ``[loss]`` table or ``--loss.X``
+flags, and strict like every config (an unknown key lists the valid ones).
+
+They are the objective's settings, not the data's: the weights of the terms of a loss and how it is evaluated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmforge.config import MAX_SIZE
+from lmforge.errors import LmforgeError
+
+
+@dataclass
+class AWDLMLoss:
+    """The loss options of objective awd_lm (``--loss.ar_alpha``, ``--loss.tar_beta``): activation regularisation
+    (alpha x the mean of the dropped last-layer outputs squared) and temporal AR (beta x the mean of the squared
+    step-to-step change of the raw outputs), Merity et al. 2018 section 4.6; theirs and fastai's values are 2 and 1.
+    0 = off (the default: the committed ULMFiT runs trained without them)."""
+
+    ar_alpha: float = 0.0
+    tar_beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        bad = [f"{name}={getattr(self, name)} must be a number >= 0 (Merity et al.: 2 and 1)"
+               for name in ("ar_alpha", "tar_beta") if not 0.0 <= getattr(self, name) < float("inf")]  # refuses NaN
+        if bad:
+            raise LmforgeError("invalid loss options: " + "; ".join(bad))
+
+
+@dataclass
+class ElectraLoss:
+    """The loss options of objective electra (``--loss.rtd_weight``): lambda, the weight of the discriminator's
+    replaced-token-detection loss in L = L_MLM(generator) + lambda x L_disc (the paper's 50)."""
+
+    rtd_weight: float = 50.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rtd_weight < float("inf"):  # also refuses NaN
+            raise LmforgeError(f"invalid loss options: rtd_weight={self.rtd_weight} must be a finite number >= 0 "
+                               "(ELECTRA's lambda: 50)")
+
+
+@dataclass
+class TXLLoss:
+    """The loss options of objective txl (``--loss.eval_mem_len``): the memory kept per layer while evaluating (None:
+    the model's ``mem_len``, the training one); Dai et al. 2019 evaluate with a longer memory than they train with
+    (WT103 base: 150 in training, 640 in evaluation). An option of the run's evaluation, not of the model: the saved
+    model keeps its training ``mem_len``, and generation keeps every token anyway."""
+
+    eval_mem_len: int | None = None
+
+    def __post_init__(self) -> None:
+        limit = MAX_SIZE["max_seq_len"]
+        value = self.eval_mem_len
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit):
+            raise LmforgeError(f"invalid loss options: eval_mem_len={value!r} must be an integer in [1, {limit:,}] "
+                               "(the memory kept per layer while evaluating objective txl), or unset for the model's "
+                               "mem_len")

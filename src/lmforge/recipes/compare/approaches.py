@@ -1,0 +1,101 @@
+"""One run of an approach: where its model comes from, the check that every source exists before the first run,
+and the fine-tuning on one training subset, scored on the test split."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from lmforge.config import from_dict
+from lmforge.errors import LmforgeError
+from lmforge.recipes.compare.config import Approach, CompareConfig
+from lmforge.recipes.compare.folder import member_dirs
+
+log = logging.getLogger("lmforge")
+
+
+def model_source(approach: Approach, config: CompareConfig, model: str | None = None) -> str:
+    """The folder or preset of ``model`` (default: the approach's own; an ``ensemble`` member otherwise)."""
+    model = approach.model if model is None else model
+    if model.startswith("@") and config.spec(model[1:]) is not None:
+        return str(Path(config.out) / "pretrained" / model[1:])
+    if model == "@minilm":
+        from lmforge.data.corpora import minilm_dir
+
+        return str(minilm_dir())
+    if model == "@pretrained":
+        if not config.pretrained:
+            raise LmforgeError(f"approach {approach.name!r} uses @pretrained but the config sets no pretrained folder")
+        return config.pretrained
+    return model
+
+
+def check_sources(config: CompareConfig) -> None:
+    """Fail before the first run, not hours into the comparison, when an approach's model cannot be found."""
+    from lmforge.config import PRESETS
+
+    for spec in config.pretrain:
+        if spec.preset not in PRESETS:
+            raise LmforgeError(f"[[pretrain]] {spec.name!r}: preset={spec.preset!r} is not one of {', '.join(PRESETS)}")
+    for approach, model in ((a, m) for a in config.approach for m in a.models()):
+        if model.startswith("@") and config.spec(model[1:]) is not None:
+            continue  # pretrained by the comparison itself
+        source = model_source(approach, config, model)
+        if model == "@pretrained" and not (Path(source) / "config.json").is_file():
+            raise LmforgeError(f"approach {approach.name!r} uses @pretrained = {source!r}, which is not a model folder "
+                               "(no config.json); pretrain one first (`make demo` leaves runs/demo/bert-mini), set "
+                               "`pretrained` in the config, or leave the approach out with --only")
+        if not Path(source).is_dir() and source not in PRESETS:
+            raise LmforgeError(f"approach {approach.name!r}: model={source!r} is neither a model folder nor a preset "
+                               f"({', '.join(PRESETS)})")
+
+
+def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_file: Path, n_train: int, seed: int,
+            tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """Fine-tune one approach on one subset; returns the test metrics and the wall time.
+
+    With ``approach.ensemble``, every member is fine-tuned the same way (same subset, seed and settings; folders
+    ``run_dir``, ``run_dir-2``, ...) and the test metrics are those of their averaged class probabilities
+    (``lmforge.recipes.ensemble``); the time and steps are the members' sums."""
+    from lmforge.config import TaskConfig, TrainConfig
+    from lmforge.recipes.finetune import FinetuneRun, build_finetune_trainer
+
+    per_epoch = max(1, math.ceil(n_train / approach.batch_size))
+    epochs = max(approach.epochs, approach.min_steps / per_epoch)
+    task = from_dict(TaskConfig, {
+        "task": "sequence", "max_length": config.max_length, "freeze": approach.freeze, "head_lr": approach.head_lr,
+        "epochs": epochs, "init_embeddings": str(vectors[approach.vectors]) if approach.vectors else "",
+        **approach.task}, where=f"approach {approach.name!r}: task")
+    train = from_dict(TrainConfig, {
+        "lr": approach.lr, "batch_size": approach.batch_size, "warmup_ratio": 0.1, "seed": seed, "eps": 1e-8,
+        "log_every": 10, "eval_every": 10**9, "save_every": 10**9, "keep_last": 1,  # evaluate once, at the end
+        **approach.train}, where=f"approach {approach.name!r}: train")
+    start = time.perf_counter()
+    folders, steps = [], 0
+    for model, folder in zip(approach.models(), member_dirs(run_dir, approach), strict=True):
+        source = model_source(approach, config, model)
+        run = FinetuneRun(model=source, tokenizer=tokenizer_dir if not Path(source).is_dir() else "",
+                          preset_options=dict(approach.preset_options), train_file=str(train_file),
+                          dev_file=str(test_file), out=str(folder), task=task, train=train)
+        level = log.level
+        log.setLevel(logging.WARNING)  # one summary line per run instead of every checkpoint and evaluation
+        try:
+            trainer, _ = build_finetune_trainer(run, overwrite=True, progress=False)
+            trainer.fit()
+        finally:
+            log.setLevel(level)
+        folders.append(str(folder))
+        steps += trainer.step
+        record = trainer.last_eval
+    if len(folders) > 1:
+        from lmforge.recipes.ensemble import Ensemble
+
+        ensemble = Ensemble(folders)
+        examples = ensemble.read(str(test_file), labelled=True)
+        record = ensemble.task.metrics(examples, ensemble.predict(examples, str(test_file)))
+    seconds = time.perf_counter() - start
+    return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,
+            "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": steps}

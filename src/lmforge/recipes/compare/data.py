@@ -1,0 +1,101 @@
+"""The comparison's data: the labelled texts, their one fixed split, and the class-balanced training subsets.
+
+Every run reads CSV files (``text,label``) under ``<out>/data``: ``test.csv`` (the test split, or its class-balanced
+``max_test``) and ``train-<size>-<seed>.csv`` (``size`` examples per class drawn with ``seed``; 0 = all).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmforge.errors import LmforgeError
+from lmforge.recipes.compare.config import CompareConfig
+
+
+def load_labelled(config: CompareConfig) -> list[tuple[str, str]]:
+    """(text, label) pairs: the BBC topics, or a CSV/TSV/JSONL file."""
+    if config.data == "bbc":
+        from lmforge.data.corpora import bbc_news_dir
+        from lmforge.data.text import decode_utf8
+
+        root = bbc_news_dir()
+        return [(decode_utf8(f.read_bytes())[0].strip(), topic.name)
+                for topic in sorted(p for p in root.iterdir() if p.is_dir()) for f in sorted(topic.glob("*.txt"))]
+    from lmforge.data.readers import read_classification
+
+    data = read_classification(config.data, text_column=config.text_column, label_column=config.label_column,
+                               pair=False)
+    if data.kind != "classification":
+        raise LmforgeError(f"{config.data}: compare needs class labels, not numbers")
+    return [(e.text, str(e.label)) for e in data.examples]
+
+
+def subset(train: list[int], labels: list[str], per_class: int, seed: int) -> list[int]:
+    """``per_class`` random training examples of every class (all of them for 0 or when a class has fewer)."""
+    if per_class == 0:
+        return list(train)
+    rng = random.Random(seed)
+    chosen = []
+    for label in sorted(set(labels[i] for i in train)):
+        members = [i for i in train if labels[i] == label]
+        chosen += rng.sample(members, min(per_class, len(members)))
+    return sorted(chosen)
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    """Atomically (a run that reads the file, in this process or another one, never sees it half written)."""
+    from lmforge.utils.io import atomic_write_text
+
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["text", "label"])
+    writer.writerows(rows)
+    atomic_write_text(path, buffer.getvalue())
+
+
+@dataclass
+class Split:
+    """The labelled pairs, split once: indices of the training and test examples, and the test file written."""
+
+    pairs: list[tuple[str, str]]
+    labels: list[str]
+    train: list[int]
+    test: list[int]
+    test_file: Path
+
+    @property
+    def train_texts(self) -> list[str]:
+        """The training texts: the only ones the tokenizer, the static vectors and the pretraining see."""
+        return [self.pairs[i][0] for i in self.train]
+
+    @property
+    def n_classes(self) -> int:
+        return len(set(self.labels))
+
+    def train_file(self, per_class: int, seed: int) -> tuple[Path, int]:
+        """The training file of one subset (written when missing) and its number of examples."""
+        chosen = subset(self.train, self.labels, per_class, seed)
+        path = self.test_file.parent / f"train-{per_class}-{seed}.csv"
+        if not path.exists():
+            write_csv(path, [self.pairs[i] for i in chosen])
+        return path, len(chosen)
+
+
+def split_data(config: CompareConfig, data_dir: Path) -> Split:
+    """Load the labelled texts, split them (stratified by label, ``split_seed``) and write ``data_dir/test.csv``."""
+    from lmforge.data.readers import stratified_split
+
+    pairs = load_labelled(config)
+    labels = [label for _, label in pairs]
+    train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
+    if config.max_test and len(test_idx) > config.max_test:  # a smaller, still class-balanced test set (the demo)
+        per_class = max(1, config.max_test // len(set(labels)))
+        test_idx = subset(test_idx, labels, per_class, config.split_seed)
+    data_dir.mkdir(exist_ok=True)
+    test_file = data_dir / "test.csv"
+    write_csv(test_file, [pairs[i] for i in test_idx])
+    return Split(pairs, labels, train_idx, test_idx, test_file)

@@ -1,0 +1,87 @@
+"""What a comparison trains once, on its training texts only, before any run: the static vectors (Word2Vec,
+GloVe) of the ``vectors`` approaches and the models of its ``[[pretrain]]`` tables."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from lmforge.config import from_dict
+from lmforge.recipes.compare.config import PretrainSpec
+
+log = logging.getLogger("lmforge")
+
+
+def train_static_vectors(kind: str, sentences: list[list[str]], out: Path, *, dim: int, epochs: int, window: int,
+                         seed: int) -> Path:
+    """Word2Vec (skip-gram) or GloVe vectors of the word pieces in ``sentences``, saved in word2vec text format.
+
+    ``min_count`` is 1: every piece of the tokenizer's vocabulary that occurs gets a vector.
+    """
+    from lmforge.embeddings.glove import GloVeConfig
+    from lmforge.embeddings.vocab import EncodedCorpus
+    from lmforge.embeddings.word2vec import Word2VecConfig
+    from lmforge.recipes.vectors import train_vectors
+
+    settings = dict(dim=dim, window=window, epochs=epochs, min_count=1, seed=seed + 1)
+    if kind == "word2vec":
+        from lmforge.embeddings import sgns
+
+        mode = "exact" if sgns.available() else "fast"
+        if mode == "fast":
+            log.warning("compare: Word2Vec's compiled loop was not built (no C compiler at install); training the "
+                        "batched approximation (mode fast) instead")
+        config = Word2VecConfig(mode=mode, **settings)
+    else:
+        config = GloVeConfig(**settings)
+    level = log.level
+    log.setLevel(logging.WARNING)  # one summary line instead of the vocabulary and every epoch
+    try:
+        result, _ = train_vectors(config, EncodedCorpus.from_sentences(sentences), out=out, metrics=False,
+                                  progress=False)
+    finally:
+        log.setLevel(level)
+    final = f", final loss {result.epochs[-1].loss:.3f}" if result.epochs else ""
+    log.info("compare: %s (%d dims) on the training texts: %.1f s%s", kind, dim, result.seconds, final)
+    return out
+
+
+def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work: Path, out: Path,
+                  seed: int) -> float:
+    """Pretrain ``spec`` on ``texts`` (one document each) into the model folder ``out``; returns the seconds.
+
+    The texts are tokenized once into ``work/shards`` (shared by every [[pretrain]] table); an interrupted
+    pretraining continues from its last checkpoint (``resume="auto"``).
+    """
+    from lmforge.config import DataConfig, TrainConfig
+    from lmforge.data.shards import MANIFEST_NAME, prepare_corpus
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer
+
+    shards = work / "shards"
+    if not (shards / MANIFEST_NAME).is_file():
+        docs = work / "texts"
+        docs.mkdir(parents=True, exist_ok=True)
+        for i, text in enumerate(texts):
+            (docs / f"{i:06d}.txt").write_text(text + "\n", encoding="utf-8")
+        prepare_corpus(tokenizer_dir, [docs], shards, input_format="documents", workers=1, overwrite=True,
+                       show_progress=False)
+    where = f"[[pretrain]] {spec.name!r}"
+    data = from_dict(DataConfig, {**spec.data, "path": str(shards), "objective": spec.objective},
+                     where=f"{where}: data")
+    train = from_dict(TrainConfig, {"seed": seed, "log_every": 10, **spec.train}, where=f"{where}: train")
+    run = PretrainRun(preset=spec.preset, out=str(out), model=dict(spec.model), data=data, loss=dict(spec.loss),
+                      train=train)
+    start = time.perf_counter()
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        trainer = build_trainer(run, resume="auto", progress=False)
+        final = trainer.fit()
+    finally:
+        log.setLevel(level)
+    seconds = time.perf_counter() - start
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("eval_") and isinstance(v, float))
+    log.info("compare: pretrained %s (%s, %s, %d steps) on the training texts in %.1f min%s", spec.name, spec.preset,
+             spec.objective, trainer.step, seconds / 60, f"; held out: {shown}" if shown else "")
+    return seconds

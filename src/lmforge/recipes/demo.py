@@ -1,0 +1,221 @@
+"""The demo (``make demo``, ``lmforge demo``): the whole story on the embedded BBC News corpus, from a tokenizer to
+transfer learning.
+
+The BBC articles are split once (stratified 80/20 by topic, seed 0); only the training articles are used for
+the tokenizer, pretraining and the static vectors, so the test articles stay unseen.
+
+1. Train WordPiece tokenizers with the likelihood score and by pair count; show encoded examples, vocabulary
+   sizes and pieces per word.
+2. Tokenize the training articles into shards (``lmforge data prepare``).
+3. Pretrain a bert-mini with BERT's recipe (MLM + NSP) for a few minutes, on 64-token pairs (the length the
+   comparison fine-tunes on); MLM accuracy, perplexity and NSP accuracy on held-out documents before and after,
+   with the loss curve saved as a PNG. A few CPU minutes are far from a real pretraining: BERT from scratch first
+   sits on a plateau where it predicts the unigram distribution and every input gets nearly the same vector (a
+   120-step run at 128 tokens ended there and could not be fine-tuned at all). 300 steps at 64 tokens left it in
+   one measurement and not in others (MLM accuracy 0.048, NSP 0.449 after 300 steps on an AVX-512 machine in
+   2026-11: still the plateau, and its comparison row stays at chance for 10 articles per class); the MiniLM rows
+   of the comparison show what a real pretraining gives.
+4. The comparison (``lmforge compare``, configs/compare-demo.toml): classifiers trained from scratch, from
+   Word2Vec / GloVe vectors trained here, on a frozen MiniLM and on ELMo's biLM, and by fine-tuning our bert-mini,
+   ULMFiT's AWD-LSTM and MiniLM, on 10 and 50 articles per class; the AWD-LSTM language model and the biLM are
+   pretrained by the comparison itself on the training articles (its ``[[pretrain]]`` tables); ending with the
+   table, the CSV and the learning curve.
+
+Everything lands under ``--out`` (default ``runs/demo``), which each demo run replaces.
+
+Each step below is one function, in the story's order; each returns what it made, and ``lmforge.commands.demo``
+runs them and prints their results.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmforge.errors import LmforgeError
+
+if TYPE_CHECKING:
+    from lmforge.data.text import ReadStats
+    from lmforge.recipes.compare import CompareConfig
+    from lmforge.recipes.pretrain import PretrainRun
+    from lmforge.tokenizers import WordPieceTokenizer
+
+DEFAULT_COMPARE = Path(__file__).resolve().parents[3] / "configs" / "compare-demo.toml"
+EXAMPLES = (
+    "Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn.",
+    "The Chancellor's pre-budget report promised unbelievably low inflation.",
+)
+MARKER = ".lmforge-demo"  # marks a folder that a demo run made, and that the next demo run may replace
+# Both training criteria side by side. The likelihood score leaves frequent words in pieces (about 3 per word
+# here), which makes pretraining sequences 3x longer for the same text; the model trains on the count-based one.
+TOKENIZER_ALGORITHMS = ("wordpiece", "bpe-count")
+PRETRAINING_TOKENIZER = "bpe-count"
+HELD_OUT_METRICS = (("eval_mlm_accuracy", "MLM accuracy"), ("eval_ppl_mlm", "MLM perplexity"),
+                    ("eval_nsp_accuracy", "NSP accuracy"))
+
+
+# ---------------------------------------------------------------------------------------------- 0. the data
+def training_split() -> tuple[list[Path], list[Path]]:
+    """The BBC files of the comparison's training and test split (the same stratified split)."""
+    from lmforge.data.corpora import bbc_news_dir
+    from lmforge.data.readers import stratified_split
+    from lmforge.data.text import collect_text_files
+
+    files = collect_text_files([bbc_news_dir()])
+    labels = [f.parent.name for f in files]
+    train, test = stratified_split(labels, 0.2, 0)
+    return [files[i] for i in train], [files[i] for i in test]
+
+
+def read_training_texts(files: list[Path]) -> tuple[list[str], ReadStats]:
+    """The training articles' texts, and what reading them met (files, bytes, replaced characters)."""
+    from lmforge.data.text import ReadStats, read_texts
+
+    stats = ReadStats()
+    return [t for _, t in read_texts(files, stats)], stats
+
+
+def replace_demo_folder(out: Path) -> None:
+    """Start the demo in an empty ``out``: a previous demo's folder is deleted, anything else is refused."""
+    if out.exists() and any(out.iterdir()):
+        if not (out / MARKER).is_file():
+            raise LmforgeError(f"{out} is not empty and was not made by the demo; choose another --out (the demo "
+                               "replaces its folder at each run)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("made by the demo (`lmforge demo`, `python -m lmforge.demo`); the next demo run "
+                              "replaces this folder\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- 1. tokenizers
+@dataclass
+class TrainedTokenizer:
+    """A WordPiece vocabulary trained on the training texts, with what the demo shows of it."""
+
+    algorithm: str
+    folder: Path
+    vocab_size: int
+    seconds: float
+    pieces_per_word: float
+    first_merges: list[str]  # "left+right" of the first merges
+    examples: list[tuple[str, list[str]]]  # each of EXAMPLES and its tokens
+
+
+def tokens_per_word(tokenizer: WordPieceTokenizer, texts: list[str]) -> float:
+    """Word pieces per word (the words of the tokenizer's basic splitting) over ``texts``."""
+    words = sum(len(tokenizer.basic.tokenize(t)) for t in texts)
+    pieces = sum(len(tokenizer.encode_ids(t)) for t in texts)
+    return pieces / max(words, 1)
+
+
+def train_tokenizer(texts: list[str], out: Path, vocab_size: int, algorithm: str) -> TrainedTokenizer:
+    """Step 1: a WordPiece vocabulary by ``algorithm`` (likelihood ``wordpiece`` or pair count ``bpe-count``),
+    saved in ``out/tokenizer-<algorithm>``; the time covers the training only."""
+    from lmforge.tokenizers import WordPieceTrainer
+
+    start = time.perf_counter()
+    trainer = WordPieceTrainer(vocab_size, algorithm=algorithm)
+    tokenizer = trainer.train(texts)
+    seconds = time.perf_counter() - start
+    folder = out / f"tokenizer-{algorithm}"
+    tokenizer.save_pretrained(folder, overwrite=True)
+    examples = [(text, tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])) for text in EXAMPLES]
+    return TrainedTokenizer(algorithm, folder, tokenizer.vocab_size, seconds, tokens_per_word(tokenizer, texts),
+                            [f"{m.left}+{m.right}" for m in trainer.merges[:6]], examples)
+
+
+# ---------------------------------------------------------------------------------------------- 2. shards
+@dataclass
+class Shards:
+    """The training articles tokenized for pretraining (``lmforge data prepare``)."""
+
+    folder: Path
+    counts: dict[str, int]  # documents, sentences, tokens
+    seconds: float
+
+
+def prepare_shards(tokenizer_dir: Path, files: list[Path], out: Path) -> Shards:
+    """Step 2: tokenize the training articles into ``out/bbc-shards`` (with a copy of the tokenizer)."""
+    from lmforge.data.shards import prepare_corpus
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    folder = out / "bbc-shards"
+    start = time.perf_counter()
+    manifest = prepare_corpus(tokenizer_dir, files, folder, overwrite=True, show_progress=False)
+    WordPieceTokenizer.from_pretrained(tokenizer_dir).save_pretrained(folder / "tokenizer", overwrite=True)
+    return Shards(folder, manifest["counts"], time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------- 3. pretraining
+@dataclass
+class Pretraining:
+    """A bert-mini pretraining, built and ready to run (``trainer``)."""
+
+    run: PretrainRun
+    trainer: Any  # lmforge.training.Trainer
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.run.out)
+
+
+@dataclass
+class Pretrained:
+    """What the pretraining did: the held-out metrics before and after it, and its minutes."""
+
+    folder: Path
+    before: dict[str, Any]
+    after: dict[str, Any]
+    minutes: float
+
+    def held_out(self) -> list[tuple[str, float, float]]:
+        """(label, before, after) of the held-out metrics both evaluations report."""
+        return [(label, self.before[key], self.after[key]) for key, label in HELD_OUT_METRICS
+                if key in self.before and key in self.after]
+
+
+def build_pretraining(shards: Shards, out: Path, steps: int, seq_len: int = 64) -> Pretraining:
+    """Step 3a: a bert-mini pretraining with BERT's recipe (MLM + NSP) on ``seq_len``-token pairs, batches of 32,
+    into ``out/bert-mini`` (evaluated four times on held-out documents)."""
+    from lmforge.config import DataConfig, TrainConfig
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer
+
+    run = PretrainRun(
+        preset="bert-mini", out=str(out / "bert-mini"), model={"max_seq_len": seq_len},
+        data=DataConfig(path=str(shards.folder), objective="mlm+nsp", seq_len=seq_len),
+        train=TrainConfig(max_steps=steps, batch_size=32, lr=1e-3, warmup_ratio=0.1, eval_every=max(steps // 4, 1),
+                          eval_batches=8, log_every=10, save_every=0))
+    return Pretraining(run, build_trainer(run, overwrite=True))
+
+
+def pretrain(pretraining: Pretraining) -> Pretrained:
+    """Step 3b: evaluate, pretrain, and evaluate again (the time covers the training)."""
+    before = pretraining.trainer.evaluate()
+    start = time.perf_counter()
+    after = pretraining.trainer.fit()
+    return Pretrained(pretraining.folder, before, after, (time.perf_counter() - start) / 60)
+
+
+# ---------------------------------------------------------------------------------------------- 4. comparison
+def comparison_config(config_path: Path, out: Path, tokenizer_dir: Path, pretrained: Path) -> CompareConfig:
+    """Step 4a: the comparison's config (configs/compare-demo.toml), writing to ``out/compare``, with the demo's
+    tokenizer and its pretrained bert-mini as ``@pretrained``."""
+    from lmforge.config import load_toml
+    from lmforge.recipes.compare import compare_config
+
+    values = load_toml(config_path)
+    values.update(out=str(out / "compare"), tokenizer=str(tokenizer_dir), pretrained=str(pretrained))
+    return compare_config(values, str(config_path))
+
+
+def compare(config: CompareConfig) -> tuple[dict[str, Path], float]:
+    """Step 4b: run the comparison; returns the paths of its table (``md``), CSV and learning curve, and its
+    minutes."""
+    from lmforge.recipes.compare import run_compare
+
+    start = time.perf_counter()
+    paths = run_compare(config)
+    return paths, (time.perf_counter() - start) / 60
