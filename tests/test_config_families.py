@@ -115,3 +115,12 @@ def test_fields_the_flat_config_ignored_are_dropped_with_a_warning_for_one_relea
         ModelConfig(arch="xlnet", share_layers="none", **TINY)  # another family's option at its default
     with pytest.raises(LmforgeError, match="'share_layers' is an option of arch encoder"):
         ModelConfig(arch="xlnet", share_layers="all", **TINY)  # a value the flat config refused too
+
+
+def test_the_architecture_registry_names_each_family_s_config_class():
+    from lmforge.models import architecture
+
+    for arch in choices.ARCHITECTURES:
+        assert architecture(arch).config_class is family_class(arch)
+        assert architecture(arch).config_class.transformer == (not architecture(arch).recurrent) or arch in (
+            "bilm", "awd_lstm")  # the two non-Transformer families that are not ``recurrent`` (no cell to choose)

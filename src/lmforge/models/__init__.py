@@ -158,6 +158,13 @@ class Architecture:
         """The model class (its module is imported now)."""
         return getattr(importlib.import_module(self.module), self.class_name)
 
+    @property
+    def config_class(self) -> type:
+        """The family's config class (``lmforge.config.families``): what ``ModelConfig(arch=self.name)`` builds."""
+        from lmforge.config import family_class
+
+        return family_class(self.name)
+
 
 # Everything of a record that is not a capability: asking ``architectures_with`` about these is a mistake.
 _DESCRIPTIVE = ("name", "module", "class_name", "description", "presets")
