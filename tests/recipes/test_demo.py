@@ -97,7 +97,7 @@ def test_lmforge_demo_runs_the_steps_in_order_and_prints_them(tmp_path, monkeypa
    MLM accuracy              0.000    0.048
    NSP accuracy              0.500    0.449
    loss curve: {out}/bert-mini/loss_curve.png; metrics: {out}/bert-mini/metrics.jsonl; model: {out}/bert-mini \
-(loads with lmforge.models.load_pretrained, `lmforge embed --model {out}/bert-mini`)
+(loads with lmforge.load_pretrained, `lmforge embed --model {out}/bert-mini`)
 
 == the comparison (3 approaches x 2 sizes x 2 seeds) -> {out}/compare
 

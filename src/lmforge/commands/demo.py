@@ -54,7 +54,7 @@ def _show_pretrained(pretrained: demo.Pretrained) -> None:
     for label, before, after in pretrained.held_out():
         print(f"   {label:<22}{before:>9.3f}{after:>9.3f}")
     print(f"   loss curve: {folder / 'loss_curve.png'}; metrics: {folder / 'metrics.jsonl'}; "
-          f"model: {folder} (loads with lmforge.models.load_pretrained, `lmforge embed --model {folder}`)")
+          f"model: {folder} (loads with lmforge.load_pretrained, `lmforge embed --model {folder}`)")
 
 
 def _show_comparison(paths: dict[str, Path], minutes: float) -> None:

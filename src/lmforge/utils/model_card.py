@@ -145,7 +145,7 @@ def _what(model: dict[str, Any], head: dict[str, Any] | None, run: dict[str, Any
             if isinstance(labels, list) and labels else ""
         out.append(f"Head: `{head.get('type')}`.{shown}")
     out.append("")
-    out.append("Load it with `lmforge.models.from_pretrained(\"<this folder>\")` (or `lmforge.pipeline`, "
+    out.append("Load it with `lmforge.from_pretrained(\"<this folder>\")` (or `lmforge.pipeline`, "
                "`lmforge serve`).")
     return out
 
