@@ -41,18 +41,22 @@ from lmforge.config.model import (
     upgrade_model_values,
 )
 from lmforge.config.run import (
+    BUDGET_FORMS,
     DEFAULT_SAVE_EVERY,
     DEFAULT_SAVE_MINUTES,
     SCHEMES,
+    Budget,
     DataConfig,
     TaskConfig,
     TrainConfig,
+    parse_budget,
 )
 
 __all__ = [
-    "DEFAULT_SAVE_EVERY", "DEFAULT_SAVE_MINUTES", "MAX_SIZE", "PRESETS", "SCHEMES", "AWDLSTMConfig", "BiLMConfig",
+    "BUDGET_FORMS", "DEFAULT_SAVE_EVERY", "DEFAULT_SAVE_MINUTES", "MAX_SIZE", "PRESETS", "SCHEMES", "AWDLSTMConfig",
+    "BiLMConfig", "Budget",
     "DataConfig", "DecoderConfig", "EncoderConfig", "ModelConfig", "RNNConfig", "RNNSeq2SeqConfig", "Seq2SeqConfig",
     "TaskConfig", "TrainConfig", "XLNetConfig", "apply_overrides", "coerce", "core_fields", "family_class",
-    "family_classes", "from_dict", "load_toml", "model_config_from_preset", "parse_override", "to_dict",
+    "family_classes", "from_dict", "load_toml", "model_config_from_preset", "parse_budget", "parse_override", "to_dict",
     "toml_literal", "upgrade_model_values",
 ]

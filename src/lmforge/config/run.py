@@ -4,6 +4,7 @@ fine-tuning task (``TaskConfig``)."""
 from __future__ import annotations
 
 import math
+import re
 import typing
 from dataclasses import dataclass
 
@@ -22,6 +23,47 @@ from lmforge.choices import (
 )
 from lmforge.errors import LmforgeError
 
+BUDGET_FORMS = ("a training time such as 30s, 10m or 1.5h, or a number of tokens (all processes together) such as "
+                "123456tok, 200ktok, 5Mtok or 1Gtok")
+_TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_TOKEN_UNITS = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "B": 10**9}
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:(?P<time>[smh])|(?P<scale>[kKMGB]?)tok)\s*$")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A parsed ``TrainConfig.budget``: ``kind`` "time" (``amount`` in seconds of training) or "tokens" (``amount``
+    tokens, the global count the Trainer keeps)."""
+
+    kind: str
+    amount: float
+
+    def describe(self) -> str:
+        return f"{self.amount:g} s of training" if self.kind == "time" else f"{int(self.amount)} tokens"
+
+
+def parse_budget(text: str) -> Budget | None:
+    """``TrainConfig.budget`` as a ``Budget`` (None for "": no budget).
+
+    Raises:
+        LmforgeError: not one of ``BUDGET_FORMS``, or not positive.
+    """
+    if not text:
+        return None
+    match = _BUDGET.match(str(text))
+    if match is None:
+        raise LmforgeError(f"budget={text!r} is not a budget: give {BUDGET_FORMS}")
+    number = float(match.group(1))
+    if match.group("time"):
+        amount = number * _TIME_UNITS[match.group("time")]
+        if not 0 < amount < math.inf:
+            raise LmforgeError(f"budget={text!r} must be a positive time ({BUDGET_FORMS})")
+        return Budget("time", amount)
+    tokens = round(number * _TOKEN_UNITS[match.group("scale")])
+    if tokens < 1:
+        raise LmforgeError(f"budget={text!r} must be at least one token ({BUDGET_FORMS})")
+    return Budget("tokens", float(tokens))
+
 
 @dataclass
 class TrainConfig:
@@ -30,9 +72,17 @@ class TrainConfig:
     ``batch_size`` is the global number of sequences per optimizer step; each process runs micro-batches of
     ``micro_batch_size`` (default: the whole share of one process) and accumulates
     ``batch_size / (micro_batch_size * world_size)`` of them.
+
+    ``budget`` (empty: none) trains for a time (``"10m"``: 10 minutes of training, ``"30s"``, ``"1.5h"``) or a
+    number of tokens (``"5Mtok"``, ``"200ktok"``, ``"123456tok"``; the global count) instead of a number of steps:
+    the warm-up (``warmup_ratio``) and the decay follow the elapsed fraction of the budget
+    (``lmforge.training.optim.lr_multiplier_at``), the run stops after the update that reaches the budget, and
+    ``max_steps`` is then an optional cap. The elapsed fraction is checkpointed: a resumed run continues the same
+    schedule (a token budget exactly; a time budget with the time that remains).
     """
 
     max_steps: int | None = None  # None: derived by the recipe (epochs x batches per epoch; pretraining: 1000)
+    budget: str = ""  # a time (30s, 10m, 1.5h) or tokens (200ktok, 5Mtok): see the class docstring
     batch_size: int = 32
     micro_batch_size: int | None = None
     optimizer: str = "adamw"  # OPTIMIZERS; "lamb": LAMB (You et al. 2020) for large batches (lmforge.training.optim)
@@ -124,8 +174,23 @@ class TrainConfig:
             problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        try:
+            budget = parse_budget(self.budget)
+        except LmforgeError as err:
+            problems.append(str(err))
+            budget = None
+        if budget is not None and self.warmup_steps is not None:
+            problems.append(f"warmup_steps={self.warmup_steps} cannot be used with budget={self.budget!r}: the "
+                            "warm-up of a budget is a share of it, warmup_ratio")
+        if budget is not None and self.schedule == "inverse_sqrt" and self.warmup_ratio == 0:
+            problems.append(f"schedule inverse_sqrt with budget={self.budget!r} needs warmup_ratio > 0 (its decay "
+                            "sqrt(warmup_ratio / fraction) is scaled by the warm-up)")
         if problems:
             raise LmforgeError("invalid train config: " + "; ".join(problems))
+
+    def budget_spec(self) -> Budget | None:
+        """The parsed ``budget`` (None: the run is limited by ``max_steps``)."""
+        return parse_budget(self.budget)
 
     def warmup(self) -> int:
         """Warm-up steps: ``warmup_steps`` when given, else ``warmup_ratio * max_steps`` (which must be set)."""

@@ -7,7 +7,9 @@ GPT-2 training code. With LAMB the same parameters are also excluded from the la
 ``lamb_optimizer.py`` (``exclude_from_layer_adaptation`` defaults to ``exclude_from_weight_decay``).
 
 Schedules are pure functions of the step (``lr_multiplier``); ``build_scheduler`` wraps one in a ``LambdaLR``. Steps
-count optimizer updates from 1: update ``s`` uses ``lr * lr_multiplier(s, config)``.
+count optimizer updates from 1: update ``s`` uses ``lr * lr_multiplier(s, config)``. A run with a time or token
+budget (``TrainConfig.budget``) follows the same shapes on the elapsed fraction of its budget instead
+(``lr_multiplier_at``); the Trainer sets that lr before every update.
 """
 
 from __future__ import annotations
@@ -235,13 +237,61 @@ def slanted_triangular(t: int, total: int, cut_frac: float = 0.1, ratio: float =
     return (1.0 + p * (ratio - 1.0)) / ratio
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> LambdaLR:
+def lr_multiplier_at(fraction: float, config: TrainConfig, before: float | None = None) -> float:
+    """Factor applied to ``config.lr`` by an update of a budgeted run (``TrainConfig.budget``), the same shapes as
+    ``lr_multiplier`` on the elapsed fraction of the budget instead of the step.
+
+    ``fraction`` (a) is the fraction of the budget elapsed after this update (token budget: the tokens so far with
+    this update's, over the budget; time budget: the training seconds at this update, over the budget), ``before``
+    (b) the fraction after the previous update (0 for the first; default: a). With w = ``warmup_ratio`` and
+    r = ``min_lr_ratio``:
+
+    - warm-up (linear, cosine, constant, inverse_sqrt): ``a / w`` for ``a <= w`` (no warm-up when w = 0);
+    - ``linear``: then ``r + (1 - r) * (1 - p)`` with progress p = clamp((b - w) / (1 - w), 0, 1);
+    - ``cosine``: ``r + (1 - r) * (1 + cos(pi p)) / 2``;
+    - ``constant``: 1;
+    - ``inverse_sqrt``: ``min(a / w, sqrt(w / a))`` floored at r (w must be > 0: TrainConfig checks it);
+    - ``slanted_triangular`` (no separate warm-up, ``min_lr_ratio`` unused), with c = ``stlr_cut_frac`` and
+      ratio = ``stlr_ratio``: ``p = a / c`` for a < c, else ``max(0, 1 - (a - c) / (1 - c))``, and the factor
+      ``(1 + p (ratio - 1)) / ratio``.
+
+    As in ``lr_multiplier``, the warm-up counts the update itself (a) and the decay the updates completed before it
+    (b), so no update runs at lr 0: the first one is at ``a / w``, the last one (the first with a >= 1) at the
+    decay's value at its b < 1. A token budget of exactly N updates' tokens (a = s / N, b = (s - 1) / N, w = W / N)
+    gives ``lr_multiplier``'s factors for N steps.
+    """
+    a = max(0.0, fraction)
+    b = a if before is None else max(0.0, before)
+    if config.schedule == "slanted_triangular":
+        cut = config.stlr_cut_frac
+        p = a / cut if a < cut else max(0.0, 1.0 - (a - cut) / (1.0 - cut))
+        return (1.0 + p * (config.stlr_ratio - 1.0)) / config.stlr_ratio
+    warmup, floor = config.warmup_ratio, config.min_lr_ratio
+    if config.schedule == "inverse_sqrt":
+        return max(floor, min(a / warmup, math.sqrt(warmup / a)) if a > 0 else 0.0)
+    if a <= warmup:
+        return a / warmup
+    if config.schedule == "constant":
+        return 1.0
+    progress = min(1.0, max(0.0, (b - warmup) / (1.0 - warmup)))
+    if config.schedule == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    if config.schedule == "cosine":
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {config.schedule!r}")  # TrainConfig validates it; internal invariant
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig,
+                    budget_factor: Callable[[], float] | None = None) -> LambdaLR:
     """A ``LambdaLR`` whose lr before the s-th ``scheduler.step()`` call is ``lr * lr_multiplier(s + 1)``.
 
-    Call ``scheduler.step()`` once after every ``optimizer.step()``.
+    Call ``scheduler.step()`` once after every ``optimizer.step()``. A budgeted run passes ``budget_factor``, the
+    factor (``lr_multiplier_at``) of its latest update, which the scheduler then reports instead of a step's.
     """
 
     def factor(completed: int) -> float:  # LambdaLR passes the number of completed updates
+        if budget_factor is not None:
+            return budget_factor()
         return lr_multiplier(completed + 1, config)
 
     return LambdaLR(optimizer, factor)

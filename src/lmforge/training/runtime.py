@@ -53,11 +53,12 @@ def resolve_device(name: str, info: dist.DistInfo) -> torch.device:
 
 
 def settled(config: TrainConfig) -> TrainConfig:
-    """``config`` with nothing left to derive: ``max_steps`` must be set (a recipe derives it from epochs); unset
-    ``eval_every`` means off. Unset ``save_every`` / ``save_minutes`` stay None: the default cadence."""
-    if config.max_steps is None:
-        raise LmforgeError("train.max_steps is not set: give it (--max-steps / --train.max_steps), or let a recipe "
-                           "derive it from epochs")
+    """``config`` with nothing left to derive: ``max_steps`` must be set (a recipe derives it from epochs) unless a
+    ``budget`` limits the run; unset ``eval_every`` means off. Unset ``save_every`` / ``save_minutes`` stay None: the
+    default cadence."""
+    if config.max_steps is None and not config.budget:
+        raise LmforgeError("train.max_steps is not set: give it (--max-steps / --train.max_steps) or a budget "
+                           "(--budget / --train.budget), or let a recipe derive it from epochs")
     if config.eval_every is None:
         config = dataclasses.replace(config, eval_every=0)
     return config

@@ -29,7 +29,9 @@ def new_window() -> dict[str, Any]:
 @dataclass
 class Progress:
     """Where the run is: optimizer steps, epochs of the training data, tokens seen, training time, the last
-    evaluation and the sums of the current logging window."""
+    evaluation, the sums of the current logging window, and for a run with a budget the fraction of it elapsed
+    after the latest update (``budget_fraction``; None without a budget, and then not saved: step-limited
+    checkpoints keep their keys)."""
 
     step: int = 0
     epoch: int = 0
@@ -37,15 +39,21 @@ class Progress:
     elapsed_s: float = 0.0
     last_eval: dict[str, float] = field(default_factory=dict)
     window: dict[str, Any] = field(default_factory=new_window)
+    budget_fraction: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "tokens": self.tokens, "elapsed_s": self.elapsed_s,
-                "last_eval": dict(self.last_eval), "window": self.window}
+        state = {"step": self.step, "epoch": self.epoch, "tokens": self.tokens, "elapsed_s": self.elapsed_s,
+                 "last_eval": dict(self.last_eval), "window": self.window}
+        if self.budget_fraction is not None:
+            state["budget_fraction"] = self.budget_fraction
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.tokens = int(state["step"]), int(state["epoch"]), int(state["tokens"])
         self.elapsed_s, self.last_eval = float(state["elapsed_s"]), dict(state["last_eval"])
         self.window = state["window"]
+        fraction = state.get("budget_fraction")
+        self.budget_fraction = None if fraction is None else float(fraction)
 
 
 class BestTracker:
