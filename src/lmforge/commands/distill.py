@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from lmforge.choices import MASKINGS, PRECISIONS
-from lmforge.commands.options import LEARNING_RATE, SEED, Count
+from lmforge.commands.options import BUDGET_HELP, LEARNING_RATE, SEED, Count, budget
 from lmforge.commands.pretrain import RESUME_HELP, SAVE_EVERY_HELP
 from lmforge.errors import LmforgeError
 from lmforge.recipes.distill import FROM_TEACHER, DistillRun, build_trainer
@@ -15,7 +15,7 @@ from lmforge.utils.compiling import COMPILE_HELP
 
 FLAGS = {"teacher": "teacher", "student": "student", "data": "data.path", "out": "out",
          "temperature": "temperature", "alpha_ce": "alpha_ce", "alpha_mlm": "alpha_mlm", "alpha_cos": "alpha_cos",
-         "alpha_att": "alpha_att", "alpha_val": "alpha_val", "max_steps": "train.max_steps",
+         "alpha_att": "alpha_att", "alpha_val": "alpha_val", "max_steps": "train.max_steps", "budget": "train.budget",
          "batch_size": "train.batch_size", "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len",
          "lr": "train.lr", "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
          "eval_every": "train.eval_every", "seed": "train.seed", "masking": "data.masking"}
@@ -62,7 +62,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="MiniLM's last-layer attention KL (default 1 without a teacher MLM head, else 0)")
     p.add_argument("--alpha-val", type=_weight, metavar="W",
                    help="MiniLM's value-relation KL (default 1 without a teacher MLM head, else 0)")
-    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000)")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000 without --budget)")
+    p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)
     p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step")
     p.add_argument("--micro-batch-size", type=Count(1, 1 << 20), help="sequences per forward pass")
     p.add_argument("--seq-len", type=Count(8, 1_000_000), help="tokens per packed example (default 128)")
@@ -97,6 +98,6 @@ def run_distill(args: argparse.Namespace) -> int:
     if trainer.dist.is_main:
         shown = {k: round(v, 4) for k, v in results.items() if isinstance(v, float)}
         print(f"distilled {run.teacher} into a {trainer.model_config.n_layers}-layer student for "
-              f"{run.train.max_steps} steps -> {run.out}")
+              f"{trainer.step} steps -> {run.out}")
         print("final: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return 0

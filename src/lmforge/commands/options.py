@@ -96,3 +96,21 @@ def unranged_numeric_options(parser: argparse.ArgumentParser, prefix: str = "lmf
             for name, sub in action.choices.items():
                 found += unranged_numeric_options(sub, f"{prefix} {name}")
     return found
+
+
+BUDGET_HELP = ("train for a time (30s, 10m, 1.5h of training) or a number of tokens (200ktok, 5Mtok, all processes "
+               "together) instead of a number of steps: the warm-up (--train.warmup_ratio) and the lr decay follow the "
+               "elapsed fraction of the budget, the run stops at it with a final checkpoint and model, and resumes "
+               "where it stopped; --max-steps then is an optional cap")
+
+
+def budget(text: str) -> str:
+    """An argparse ``type`` for ``--budget``: a training time or a number of tokens (``TrainConfig.budget``)."""
+    from lmforge.config import parse_budget
+    from lmforge.errors import LmforgeError
+
+    try:
+        parse_budget(text)
+    except LmforgeError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text.strip()

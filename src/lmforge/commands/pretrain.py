@@ -12,7 +12,7 @@ import argparse
 import logging
 
 from lmforge.choices import MASKINGS, PRECISIONS
-from lmforge.commands.options import LEARNING_RATE, SEED, Count, Rate
+from lmforge.commands.options import BUDGET_HELP, LEARNING_RATE, SEED, Count, Rate, budget
 from lmforge.config import DEFAULT_SAVE_EVERY, DEFAULT_SAVE_MINUTES
 from lmforge.errors import LmforgeError
 from lmforge.objectives.registry import OBJECTIVES
@@ -36,7 +36,7 @@ RESUME_HELP = ("auto: continue from the newest complete checkpoint in --out, the
 
 # plain flag -> dotted key in PretrainRun
 FLAGS = {"preset": "preset", "objective": "data.objective", "data": "data.path", "tokenizer": "tokenizer",
-         "out": "out", "max_steps": "train.max_steps", "batch_size": "train.batch_size",
+         "out": "out", "max_steps": "train.max_steps", "budget": "train.budget", "batch_size": "train.batch_size",
          "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len", "lr": "train.lr",
          "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
          "save_minutes": "train.save_minutes", "eval_every": "train.eval_every",
@@ -65,7 +65,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
                    help="discriminative learning rates: each layer group below the top gets F times its upper "
                    "neighbour's lr (ULMFiT: 1/2.6 = 0.385)")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps to train")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps to train (default 1000 without "
+                   "--budget)")
+    p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)
     p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step (all processes together)")
     p.add_argument("--micro-batch-size", type=Count(1, 1 << 20),
                    help="sequences per forward pass (gradient accumulation)")
@@ -103,6 +105,6 @@ def run_pretrain(args: argparse.Namespace) -> int:
     results = trainer.fit()
     if trainer.dist.is_main:
         shown = {k: round(v, 4) for k, v in results.items() if isinstance(v, float)}
-        print(f"pretrained {run.preset} ({run.data.objective}) for {run.train.max_steps} steps -> {run.out}")
+        print(f"pretrained {run.preset} ({run.data.objective}) for {trainer.step} steps -> {run.out}")
         print("final: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return 0

@@ -29,7 +29,7 @@ from lmforge.errors import LmforgeError
 log = logging.getLogger("lmforge")
 
 FROM_TEACHER = "from-teacher"
-DISTILL_STEPS = 1000  # train.max_steps when the run does not set it
+DISTILL_STEPS = 1000  # train.max_steps when the run sets neither it nor a budget
 
 
 @dataclass
@@ -171,8 +171,9 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     from lmforge.utils.io import check_not_input
 
     # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
-    changes = {k: v for k, v in (("max_steps", DISTILL_STEPS), ("eval_every", 0))
-               if getattr(run.train, k) is None}
+    # with a budget (train.budget) max_steps stays unset unless given: the budget ends the run
+    changes = {k: v for k, v in (("max_steps", None if run.train.budget else DISTILL_STEPS), ("eval_every", 0))
+               if getattr(run.train, k) is None and v is not None}
     if changes:
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
     if not run.teacher or not Path(run.teacher).is_dir():

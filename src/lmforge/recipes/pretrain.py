@@ -26,7 +26,7 @@ from lmforge.errors import LmforgeError
 log = logging.getLogger("lmforge")
 
 
-PRETRAIN_STEPS = 1000  # train.max_steps when the run does not set it
+PRETRAIN_STEPS = 1000  # train.max_steps when the run sets neither it nor a budget
 
 
 @dataclass
@@ -166,8 +166,9 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     from lmforge.utils.io import check_not_input
 
     # save_every stays unset: the Trainer's default cadence (steps or minutes) keeps checkpoints for --resume auto
-    changes = {k: v for k, v in (("max_steps", PRETRAIN_STEPS), ("eval_every", 0))
-               if getattr(run.train, k) is None}
+    # with a budget (train.budget) max_steps stays unset unless given: the budget ends the run
+    changes = {k: v for k, v in (("max_steps", None if run.train.budget else PRETRAIN_STEPS), ("eval_every", 0))
+               if getattr(run.train, k) is None and v is not None}
     if changes:  # what pretraining derives: a fixed number of steps, no evaluation unless asked
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
     if not 0.0 < run.layer_decay <= 1.0:

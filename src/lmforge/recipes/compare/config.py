@@ -63,7 +63,8 @@ class PretrainSpec:
 
     ``model``, ``data``, ``loss`` and ``train`` override the preset's ``ModelConfig``, the ``DataConfig``
     (``seq_len``, masking, ...), the objective's loss options (ELECTRA's ``rtd_weight`` ...) and the ``TrainConfig``
-    (``max_steps``, ``batch_size``, ``lr``, ...) of the pretraining run.
+    (``max_steps``, ``batch_size``, ``lr``, ...) of the pretraining run; ``train = {budget = "3m"}`` (or
+    ``"2Mtok"``) gives every model the same training time or tokens instead of a step count.
     """
 
     name: str = ""
