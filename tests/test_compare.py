@@ -244,6 +244,22 @@ def test_a_model_pretrained_by_the_comparison_is_built_once_timed_and_reused_on_
     assert calls == []  # pretrained before: not again
 
 
+def test_a_pretrain_table_takes_a_budget_instead_of_a_step_count(tmp_path):
+    data = write_sequence(tmp_path / "data.csv", 32, 0)
+    config = tmp_path / "compare.toml"
+    text = PRETRAIN.replace("train = {{ max_steps = 4, batch_size = 4 }}",
+                            'train = {{ budget = "150tok", batch_size = 4 }}')
+    config.write_text(text.format(out=tmp_path / "out", data=data), encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config)]) == 0
+    model = tmp_path / "out" / "pretrained" / "tiny-mlm"
+    run_config = json.loads((model / "run_config.json").read_text())
+    assert run_config["train"]["budget"] == "150tok" and run_config["train"]["max_steps"] is None
+    train = [json.loads(line) for line in (model / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "loss" in r]
+    assert train[-1]["budget_fraction"] >= 1.0 and train[-1]["tokens"] >= 150 > train[-1]["tokens"] - 64
+    assert (model / "config.json").is_file()
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (('model = "@tiny-mlm"', 'model = "@nothing"'), "names no [[pretrain]] table"),
     (('name = "tiny-mlm"', 'name = "minilm"'), "use letters, digits"),

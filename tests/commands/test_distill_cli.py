@@ -63,6 +63,17 @@ def test_distilbert_triple_loss_student(teacher, tmp_path, caplog, capsys):
     assert load_backbone(out).model(torch.tensor([[2, 5, 6, 3]])).last_hidden_state.shape == (1, 4, 16)
 
 
+def test_distill_takes_a_budget(teacher, tmp_path, capsys):
+    out = tmp_path / "student"
+    assert main(["distill", "--teacher", str(teacher / "teacher"), "--input", str(teacher / "data"), "--out",
+                 str(out), "--batch-size", "2", "--seq-len", "32", "--budget", "100tok",
+                 "--train.log_every=1", "--train.eval_batches=1"]) == 0, capsys.readouterr().err
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert run_config["train"]["budget"] == "100tok" and run_config["train"]["max_steps"] is None
+    train = [r for r in records(out) if "loss" in r]
+    assert train[-1]["budget_fraction"] >= 1.0 and (out / "model.safetensors").is_file()
+
+
 def test_headless_teacher_uses_attention_relations(teacher, tmp_path, caplog, capsys):
     out = tmp_path / "minilm-style"
     with caplog.at_level(logging.INFO, logger="lmforge"):

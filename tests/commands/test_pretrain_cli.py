@@ -105,6 +105,26 @@ def test_config_file_flags_and_overrides(prepared, tmp_path, capsys):
     assert "--resume auto" in capsys.readouterr().err
 
 
+def test_a_token_budget_replaces_the_default_step_count(prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(prepared / "data"),
+                 "--out", str(out), "--budget", "300tok", "--batch-size", "2", "--seq-len", "32", *TINY])
+    assert code == 0, capsys.readouterr().err
+    run_config = json.loads((out / "run_config.json").read_text())
+    assert run_config["train"]["budget"] == "300tok" and run_config["train"]["max_steps"] is None
+    train = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in train if "loss" in r]
+    assert train[-1]["budget_fraction"] >= 1.0 > train[-2]["budget_fraction"]
+    assert train[-1]["tokens"] >= 300 > train[-2]["tokens"]
+    assert f"for {train[-1]['step']} steps" in capsys.readouterr().out
+    assert load_pretrained(out).config.n_layers == 1
+
+
+def test_a_bad_budget_stops_the_command_line(capsys):
+    assert main(["pretrain", "--budget", "10 minutes", "--data", "x", "--out", "y"]) == 2
+    assert "argument --budget: budget='10 minutes' is not a budget" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--preset", "bert-tiny", "--objective", "clm"], "use a gpt-* preset"),
     (["--preset", "bert-tiny", "--train.learning_rate=1"], "unknown key(s) 'learning_rate'"),
