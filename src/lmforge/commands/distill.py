@@ -62,7 +62,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="MiniLM's last-layer attention KL (default 1 without a teacher MLM head, else 0)")
     p.add_argument("--alpha-val", type=_weight, metavar="W",
                    help="MiniLM's value-relation KL (default 1 without a teacher MLM head, else 0)")
-    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000 without --budget)")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000; with --budget: none, "
+                   "an optional cap)")
     p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)
     p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step")
     p.add_argument("--micro-batch-size", type=Count(1, 1 << 20), help="sequences per forward pass")

@@ -65,8 +65,8 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
                    help="discriminative learning rates: each layer group below the top gets F times its upper "
                    "neighbour's lr (ULMFiT: 1/2.6 = 0.385)")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps to train (default 1000 without "
-                   "--budget)")
+    p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps to train (with --budget: an "
+                   "optional cap)")
     p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)
     p.add_argument("--batch-size", type=Count(1, 1 << 20), help="sequences per optimizer step (all processes together)")
     p.add_argument("--micro-batch-size", type=Count(1, 1 << 20),

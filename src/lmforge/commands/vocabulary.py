@@ -57,7 +57,8 @@ _SAME_MEANING = {"--lr": "learning rate"}
 
 # Options whose value the recipe resolves (argparse default None): the default shown in --help.
 _RESOLVED_DEFAULTS: dict[str, dict[str, str]] = {
-    "pretrain": {"--max-steps": "1000", "--lr": "1e-4", "--batch-size": "the preset's", "--seq-len": "128",
+    "pretrain": {"--max-steps": "1000 without --budget", "--budget": "none: --max-steps ends the run",
+                 "--lr": "1e-4", "--batch-size": "the preset's", "--seq-len": "128",
                  "--save-every": "the training config's cadence", "--eval-every": "0 (off)", "--seed": "0",
                  "--precision": "fp32", "--micro-batch-size": "= --batch-size", "--masking": "the objective's"},
 }
