@@ -133,7 +133,7 @@ def test_a_token_budget_sets_the_lr_from_the_fraction_and_stops_at_the_first_upd
 def test_max_steps_caps_a_budget_and_step_runs_keep_their_checkpoint_keys(tmp_path):
     trainer = _trainer(tmp_path / "capped", max_steps=2)
     trainer.fit()
-    assert trainer.step == 2 and trainer.budget_fraction < 1.0
+    assert trainer.step == 2 and trainer.progress_state.budget_fraction < 1.0
     trainer = Trainer(tiny_decoder(0), LMObjective(), ToyData(n=16, seed=3), train_config(max_steps=2),
                       RunOutput(tmp_path / "steps", progress=False))
     trainer.fit()
@@ -187,7 +187,7 @@ def test_a_time_budget_stops_after_the_update_that_reaches_it_and_resumes_with_t
     _fake_clock(part)
     part.fit()
     resumed = _trainer(tmp_path / "part", budget="5s", resume="auto")
-    assert resumed.budget_fraction == pytest.approx(0.4)
+    assert resumed.progress_state.budget_fraction == pytest.approx(0.4)
     _fake_clock(resumed)
     resumed.fit()
     assert resumed.step == 5
@@ -198,7 +198,7 @@ def test_a_time_budget_stops_after_the_update_that_reaches_it_and_resumes_with_t
 def test_a_real_time_budget_stops(tmp_path):
     trainer = _trainer(tmp_path, budget="0.5s", eval_every=0)
     trainer.fit()
-    assert trainer.budget_fraction >= 1.0 and trainer.clock.elapsed() >= 0.5
+    assert trainer.progress_state.budget_fraction >= 1.0 and trainer.clock.elapsed() >= 0.5
     assert (tmp_path / "model.safetensors").is_file()
 
 
@@ -208,3 +208,12 @@ def test_a_step_checkpoint_cannot_continue_as_a_budget_run(tmp_path):
     with pytest.raises(LmforgeError, match="budget"):
         Trainer(tiny_decoder(0), LMObjective(), ToyData(n=16, seed=3), _budget_config(),
                 RunOutput(tmp_path, resume="auto", progress=False))
+
+
+def test_the_trainer_class_stays_small():
+    """Issue 35: the Trainer is a class of small parts (the budget is ``lmforge.training.budget``)."""
+    import inspect
+
+    from lmforge.training.trainer import Trainer
+
+    assert len(inspect.getsource(Trainer).splitlines()) < 350

@@ -51,7 +51,7 @@ def main() -> None:
                       RunOutput(args.out_dir, resume=args.resume, progress=False), eval_data=eval_data)
     # what this process holds of the parameters: all of them (ddp), half of each (fsdp)
     held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in trainer.model.parameters())
-    print(f"rank {info.rank}: sharded={trainer._sharded} holds {held} parameter values", flush=True)
+    print(f"rank {info.rank}: sharded={trainer.placement.sharded} holds {held} parameter values", flush=True)
     trainer.fit()
 
 

@@ -100,9 +100,10 @@ from lmforge.training.accounting import (
     upcast,
     window_record,
 )
+from lmforge.training.budget import RunLimit
 from lmforge.training.cadence import SaveCadence, SignalStop, TrainingInterrupted
 from lmforge.training.logging import MetricsLog, require_tensorboard
-from lmforge.training.optim import build_optimizer, build_scheduler, lr_multiplier_at
+from lmforge.training.optim import build_optimizer, build_scheduler
 from lmforge.training.reporting import Reporter
 from lmforge.training.run_folder import RESUMABLE_CHANGES, RunFolder, RunOutput, as_run_output
 from lmforge.training.runtime import (
@@ -198,11 +199,9 @@ class Trainer:
         self.folder, self.reporter = RunFolder(self.output, self.dist), Reporter(self.out_dir)
         self.optimizer = build_optimizer(self.model, config, lr_scales)
         self._optimizer_state = self.placement.optimizer_state(self.optimizer)
-        self.budget = config.budget_spec()  # None: max_steps limits the run
-        self._budget_factor = 0.0  # the lr factor of the latest update of a budgeted run
-        self.scheduler = build_scheduler(self.optimizer, config,
-                                         (lambda: self._budget_factor) if self.budget is not None else None)
         self.progress_state = Progress()
+        self.limit = RunLimit(config, self.progress_state)  # max_steps, or a time or token budget
+        self.scheduler = build_scheduler(self.optimizer, config, self.limit.scheduler_factor())
         self._batches: Iterator[dict[str, Tensor]] | None = None
         self._checked_first_step = False
         self.clock = RunClock()
@@ -217,10 +216,6 @@ class Trainer:
         self.precision = choose_precision(config.precision, (self._state or {}).get("precision"), self.model_config,
                                           self.device, self.folder.on_main, announce=self.dist.is_main)
 
-    @property
-    def _sharded(self) -> bool:
-        return self.placement.sharded
-
     # Saved and restored as a whole by checkpoints: each gives and takes its own state (lmforge.training.state).
     def stateful_components(self) -> dict[str, Stateful]:
         return {"optimizer": self._optimizer_state, "scheduler": self.scheduler, "progress": self.progress_state,
@@ -234,8 +229,6 @@ class Trainer:
                       lambda self, v: setattr(self.progress_state, "tokens", v))
     elapsed_s = property(lambda self: self.progress_state.elapsed_s,
                          lambda self, v: setattr(self.progress_state, "elapsed_s", v))
-    budget_fraction = property(lambda self: self.progress_state.budget_fraction,
-                               lambda self, v: setattr(self.progress_state, "budget_fraction", v))
     last_eval = property(lambda self: self.progress_state.last_eval,
                          lambda self, v: setattr(self.progress_state, "last_eval", v))
     _window = property(lambda self: self.progress_state.window,
@@ -254,11 +247,7 @@ class Trainer:
         self.placement.load_weights(path)
         for name, component in self.stateful_components().items():
             component.load_state_dict(state["components"][name])
-        if self.budget is not None:
-            if self.budget_fraction is None:
-                raise LmforgeError(f"cannot resume from {path}: it was trained without a budget; a budget run needs "
-                                   "its own --out folder (or --overwrite)")
-            self._budget_factor = lr_multiplier_at(self.budget_fraction, self.config)
+        self.limit.restored(path)
         apply_schedule(self.optimizer, self.scheduler)  # this run's lr at the restored step
         if self.dist.is_main:
             log.info("resuming from %s (step %d)", path, self.step)
@@ -266,8 +255,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train to ``config.max_steps`` or through the budget; returns the last training record merged with the last
-        eval metrics."""
+        """Train to ``max_steps`` or through the budget; returns the last training record with the last eval metrics."""
         cfg, main = self.config, self.dist.is_main
         self.folder.prepare(self.resume_from)
         if self._state is not None:
@@ -281,16 +269,9 @@ class Trainer:
         self.placement.prepare_for_fit()
         metrics = MetricsLog(self.out_dir, enabled=main, tensorboard=cfg.tensorboard,
                              purge_step=self.step + 1 if self._state else None)
-        if self.budget is not None:
-            self.budget_fraction = self.budget_fraction or 0.0
-            if main:
-                log.info("budget: %s (%s); the lr schedule follows the elapsed fraction%s", self.budget.describe(),
-                         cfg.budget, f", at most {cfg.max_steps} steps" if cfg.max_steps is not None else "")
-        # a budget's bar counts its percent
-        bar = tqdm(total=cfg.max_steps if self.budget is None else 100.0,
-                   initial=self.step if self.budget is None else round(100 * min(self.budget_fraction, 1.0), 2),
-                   desc="train" if self.budget is None else "train (budget %)", dynamic_ncols=True,
-                   disable=not (main and self.output.progress))
+        if (line := self.limit.start()) and main:  # a budget's line
+            log.info(line)
+        bar = tqdm(**self.limit.bar(), dynamic_ncols=True, disable=not (main and self.output.progress))
         last_record: dict[str, Any] = {}
         resumed_here = self.resume_from is not None and ckpt.is_inside(self.resume_from, self.out_dir)
         last_saved = self.step if resumed_here else -1
@@ -300,13 +281,12 @@ class Trainer:
                 self.model.train()
                 self.clock.start(self.elapsed_s)
                 self.cadence.restart_clock()
-                while not self._finished():
+                while not self.limit.finished():
                     step_loss, lr = self._train_step()
-                    bar.update(1 if self.budget is None else
-                               round(100 * min(self.budget_fraction, 1.0), 2) - bar.n)
+                    bar.update(self.limit.advance(bar.n))
                     bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{self.clock.tokens_per_s():.0f}",
                                     refresh=False)
-                    if self.step % cfg.log_every == 0 or self._finished():
+                    if self.step % cfg.log_every == 0 or self.limit.finished():
                         last_record = self._flush_window(lr)
                         metrics.write(last_record)
                     if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
@@ -314,7 +294,7 @@ class Trainer:
                     if self.cadence.due(self.step):
                         self.save_checkpoint()
                         last_saved = self.step
-                    if self.stop.agreed and not self._finished():
+                    if self.stop.agreed and not self.limit.finished():
                         checkpoint = self.save_checkpoint() if last_saved != self.step else \
                             ckpt.checkpoint_path(self.out_dir, self.step)
                         raise self.stop.interrupted(checkpoint)
@@ -332,20 +312,6 @@ class Trainer:
             bar.close()
             metrics.close()
         return {**(last_record or self.reporter.last_train_record(self.step)), **self.last_eval}
-
-    def _finished(self) -> bool:
-        """The run is done: ``max_steps`` reached (when set), or the latest update reached the budget."""
-        if self.config.max_steps is not None and self.step >= self.config.max_steps:
-            return True
-        return self.budget is not None and (self.budget_fraction or 0.0) >= 1.0
-
-    def _set_budget_lr(self, fraction: float) -> None:
-        """Every group's lr for the update that ends at ``fraction`` of the budget (its own base lr times the
-        budget schedule's factor)."""
-        self._budget_factor = lr_multiplier_at(fraction, self.config, before=self.budget_fraction or 0.0)
-        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
-            group["lr"] = base * self._budget_factor
-        self.budget_fraction = fraction
 
     def _next_batch(self) -> dict[str, Tensor]:
         for _ in range(2):
@@ -401,18 +367,14 @@ class Trainer:
             self._checked_first_step = True
         # the save and stop decisions travel with this step's all-reduce: every process acts after the same step
         flags = {"trainer/save": self.cadence.vote(self.step + 1), "trainer/stop": self.stop.vote()}
-        if self.budget is not None and self.budget.kind == "time":  # every process must use the same fraction
-            flags["trainer/elapsed"] = self.clock.elapsed()
+        flags.update(self.limit.votes(self.clock.elapsed()))  # a time budget: every process uses the same fraction
         totals = self._global_sums({"tokens": tokens, **flags, **packed_sums(sums)})
         self.cadence.agree(totals["trainer/save"])
         self.stop.agree(totals["trainer/stop"], self.dist.distributed)
         term_values = {t: totals[f"{LOSS_PREFIX}{t}/sum"] / max(counts[t], 1.0) for t in terms}
         step_loss = sum(term_values.values())
         grad_norm = self.placement.clip_gradients(self.config.max_grad_norm)
-        if self.budget is not None:
-            done = self.tokens + int(totals["tokens"]) if self.budget.kind == "tokens" else \
-                totals["trainer/elapsed"] / self.dist.world_size
-            self._set_budget_lr(done / self.budget.amount)
+        self.limit.set_lr(self.optimizer, self.scheduler.base_lrs, totals, self.dist.world_size)
         lr = self.optimizer.param_groups[0]["lr"]
         if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
             raise LmforgeError(diverged_message(self.config, self.precision, self.step + 1, step_loss, grad_norm, lr))
@@ -435,8 +397,7 @@ class Trainer:
         record = window_record(self._window, step=self.step, epoch=epoch if isinstance(epoch, int) else self.epoch,
                                lr=lr, tokens=self.tokens, tokens_per_s=self.clock.tokens_per_s(),
                                elapsed_s=self.clock.elapsed())
-        if self.budget is not None:
-            record["budget_fraction"] = self.budget_fraction
+        self.limit.annotate(record)
         self._window = new_window()
         self.clock.new_window()
         return record
@@ -449,7 +410,7 @@ class Trainer:
         sums: dict[str, list[Any]] = {}  # "loss/<term>" and metric names -> [sum, count]
         with evaluation_mode(self.model):
             batches: Any = self.eval_data.batches(self.micro_batch_size)
-            if self._sharded:  # every process must run the same number of (collective) forward passes
+            if self.placement.sharded:  # every process must run the same number of (collective) forward passes
                 batches = list(itertools.islice(batches, self.config.eval_batches))
                 batches = batches[:dist.all_min(len(batches), self.dist, self.device)]
             model = self.placement.eval_model
@@ -502,9 +463,9 @@ class Trainer:
         rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
         path = ckpt.checkpoint_path(self.out_dir, self.step)
         gathered = self.placement.gathered_state()
-        optimizer = self._optimizer_state.state_dict() if self._sharded else None  # a collective: every rank
+        optimizer = self._optimizer_state.state_dict() if self.placement.sharded else None  # a collective: every rank
         if self.dist.is_main:
-            components = {name: optimizer if name == "optimizer" and self._sharded else c.state_dict()
+            components = {name: optimizer if name == "optimizer" and self.placement.sharded else c.state_dict()
                           for name, c in self.stateful_components().items()}
             components["progress"]["elapsed_s"] = self.clock.elapsed()  # the time trained so far, this session too
             # these keys are the checkpoint format (lmforge.training.checkpoint): old checkpoints must still resume
