@@ -197,6 +197,20 @@ def test_freeze_all_trains_only_the_head(tiny_encoder_dir, tmp_path):
         assert torch.equal(after[f"backbone.{name}"], tensor), name
 
 
+def test_reinit_layers_redraws_the_top_layers_of_the_pretrained_backbone(tiny_encoder_dir, tmp_path):
+    train, dev = write_task_data(tmp_path, "sequence", 16, 8)
+    out = tmp_path / "reinit"  # frozen after the re-draw: what is saved is what was drawn
+    assert _finetune(tiny_encoder_dir, "sequence", train, dev, out, "--freeze", "all", "--reinit-layers", "1") == 0
+    before = load_pretrained(tiny_encoder_dir).model.state_dict()
+    after = load_pretrained(out).model.state_dict()
+    top = f"layers.{load_pretrained(tiny_encoder_dir).config.n_layers - 1}."
+    for name, tensor in before.items():  # matrices drawn again (biases and norms were at their initial 0 and 1)
+        if name.startswith((top, "pooler.")):
+            assert tensor.dim() < 2 or not torch.equal(after[f"backbone.{name}"], tensor), name
+        else:
+            assert torch.equal(after[f"backbone.{name}"], tensor), name
+
+
 def test_a_hugging_face_bert_folder_fine_tunes_from_its_weights(tiny_encoder_dir, tmp_path):
     hf_dir = tmp_path / "hf-bert"  # the tiny encoder in Hugging Face's layout (config.json, model.safetensors, vocab)
     assert main(["-q", "convert", "--to-hf", str(tiny_encoder_dir), "--out", str(hf_dir)]) == 0

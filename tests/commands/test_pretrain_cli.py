@@ -53,6 +53,12 @@ def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, c
     assert loaded.tokenizer is not None and loaded.config.n_layers == 1
     run_config = json.loads((out / "run_config.json").read_text())
     assert run_config["data"]["objective"] == objective and run_config["preset"] == preset
+    if objective != "clm":  # a masked LM logs its plateau beside its accuracy, and the anisotropy of its states
+        evals = [r for r in records if "eval_mlm_accuracy" in r]
+        assert evals and all(0.0 <= r["eval_mlm_constant_accuracy"] <= 1.0 and -1.0 <= r["eval_token_cosine"] <= 1.0
+                             for r in evals)
+        # three steps leave no tiny model off its plateau: the finished run says so
+        assert "has not left the plateau" in capsys.readouterr().err
     if objective == "mlm+sop":  # ALBERT: the sentence-order loss is logged under its own name
         assert all("sop_accuracy" in r and "nsp_accuracy" not in r for r in train)
         assert loaded.config.share_layers == "all" and loaded.config.embedding_size == 128

@@ -43,7 +43,8 @@ log = logging.getLogger("lmforge")
 FLAGS = {"task": "task.task", "model": "model", "tokenizer": "tokenizer", "train": "train_file", "dev": "dev_file",
          "out": "out", "epochs": "task.epochs", "batch_size": "train.batch_size", "lr": "train.lr",
          "max_length": "task.max_length", "warmup_ratio": "train.warmup_ratio", "weight_decay": "train.weight_decay",
-         "seed": "train.seed", "freeze": "task.freeze", "text_column": "task.text_column",
+         "seed": "train.seed", "freeze": "task.freeze", "reinit_layers": "task.reinit_layers",
+         "text_column": "task.text_column",
          "text_pair_column": "task.text_pair_column", "label_column": "task.label_column",
          "long_text": "task.long_text", "head_lr": "task.head_lr", "layer_decay": "task.layer_decay",
          "scheme": "task.scheme", "max_steps": "train.max_steps", "compile": "train.compile"}
@@ -73,6 +74,9 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", default=None, help=COMPILE_HELP)
     p.add_argument("--crf", action="store_true", default=None, help="token task: a linear-chain CRF on the tags")
     p.add_argument("--freeze", metavar="MODE", help="none | all | embeddings | all-but-last:K")
+    p.add_argument("--reinit-layers", type=Count(0, 1 << 10), metavar="K",
+                   help="re-initialise the top K layers and the pooler of the pretrained backbone before fine-tuning "
+                   "(Zhang et al. 2021: helps few-sample fine-tuning; default 0)")
     p.add_argument("--head-lr", type=LEARNING_RATE, help="the head's own learning rate (default: --lr; for a CRF "
                    f"tagger on a pretrained Transformer at least {CRF_HEAD_LR:g}, as its head starts from nothing)")
     p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True),

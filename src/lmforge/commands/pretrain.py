@@ -16,7 +16,7 @@ from lmforge.commands.options import BUDGET_HELP, LEARNING_RATE, SEED, Count, Ra
 from lmforge.config import DEFAULT_SAVE_EVERY, DEFAULT_SAVE_MINUTES
 from lmforge.errors import LmforgeError
 from lmforge.objectives.registry import OBJECTIVES
-from lmforge.recipes.pretrain import PretrainRun, build_trainer
+from lmforge.recipes.pretrain import PretrainRun, build_trainer, plateau_warning
 from lmforge.recipes.resolve import resolve
 from lmforge.utils.compiling import COMPILE_HELP
 
@@ -104,6 +104,8 @@ def run_pretrain(args: argparse.Namespace) -> int:
     trainer = build_trainer(run, resume=args.resume, overwrite=args.overwrite)
     results = trainer.fit()
     if trainer.dist.is_main:
+        if (warning := plateau_warning(results)) is not None:
+            log.warning(warning)
         shown = {k: round(v, 4) for k, v in results.items() if isinstance(v, float)}
         print(f"pretrained {run.preset} ({run.data.objective}) for {trainer.step} steps -> {run.out}")
         print("final: " + ", ".join(f"{k} {v}" for k, v in shown.items()))

@@ -349,6 +349,7 @@ class TaskConfig:
     null_threshold: float = 0.0
     version_2: bool | None = None
     freeze: str = "none"
+    reinit_layers: int = 0  # re-draw the top K layers and the pooler before fine-tuning (Zhang et al. 2021)
     head_lr: float | None = None
     layer_decay: float = 1.0
     gradual_unfreezing: bool = False  # ULMFiT: epoch 1 trains the head only, each epoch unfreezes one more layer
@@ -398,6 +399,9 @@ class TaskConfig:
         if self.gradual_unfreezing and self.freeze != "none":
             problems.append(f"gradual_unfreezing unfreezes layer groups epoch by epoch; it cannot be combined with "
                             f"freeze={self.freeze!r} (leave freeze at 'none')")
+        if isinstance(self.reinit_layers, bool) or not isinstance(self.reinit_layers, int) or self.reinit_layers < 0:
+            problems.append(f"reinit_layers={self.reinit_layers!r} must be an integer >= 0 (the top layers to "
+                            "re-initialise; 0: none)")
         if not _valid_freeze(self.freeze):
             problems.append(f"freeze={self.freeze!r} is not one of none, all, embeddings, all-but-last:K (K >= 0)")
         if problems:

@@ -42,11 +42,14 @@ class PreTrainingOutput(NamedTuple):
         sbo_logits: (N_sbo, V) span-boundary predictions of the masked tokens that have an SBO target
             (``sbo_left >= 0``: all of them, except the pieces of a long span past the position table), in the
             order of ``masked_positions`` (SpanBERT).
+        token_states: the backbone's final token states (B, T, D) the logits were computed from, for diagnostics
+            (``lmforge.objectives.masked_lm``: their mean cosine, the anisotropy of a collapsed encoder).
     """
 
     mlm_logits: Tensor
     nsp_logits: Tensor | None = None
     sbo_logits: Tensor | None = None
+    token_states: Tensor | None = None
 
 
 class MaskedLMHead(nn.Module):
@@ -174,7 +177,8 @@ class BertPreTrainingHeads(nn.Module):
         hidden = encoder_output.last_hidden_state  # (B, T, D)
         if masked_positions is not None:
             hidden = gather_positions(hidden, masked_positions)  # (N, D)
-        return PreTrainingOutput(self.mlm(hidden), self.nsp(encoder_output.pooled_output))
+        return PreTrainingOutput(self.mlm(hidden), self.nsp(encoder_output.pooled_output),
+                                 token_states=encoder_output.last_hidden_state)
 
 
 def build_pretraining_head(config: ModelConfig, backbone: nn.Module) -> BertPreTrainingHeads:
@@ -249,7 +253,7 @@ class MaskedLMHeads(nn.Module):
         hidden = encoder_output.last_hidden_state  # (B, T, D)
         if masked_positions is not None:
             hidden = gather_positions(hidden, masked_positions)  # (N, D)
-        return PreTrainingOutput(self.mlm(hidden))
+        return PreTrainingOutput(self.mlm(hidden), token_states=encoder_output.last_hidden_state)
 
 
 class SpanBoundaryHead(nn.Module):
@@ -347,12 +351,12 @@ class SpanBertHeads(nn.Module):
             raise LmforgeError("SpanBertHeads needs masked_positions as a (B, T) bool mask")
         mlm_logits = self.mlm(gather_positions(hidden, masked_positions))  # (N, V)
         if sbo_left is None or sbo_right is None or sbo_offset is None:
-            return PreTrainingOutput(mlm_logits)
+            return PreTrainingOutput(mlm_logits, token_states=hidden)
         sbo_mask = masked_positions & (sbo_left >= 0)  # (B, T) the tokens with an SBO target
         rows = sbo_mask.nonzero()[:, 0]  # (N_sbo,) row-major, the order of hidden[mask]
         sbo_logits = self.sbo(hidden, rows, sbo_left[sbo_mask], sbo_right[sbo_mask],
                               sbo_offset[sbo_mask])  # (N_sbo, V)
-        return PreTrainingOutput(mlm_logits, None, sbo_logits)
+        return PreTrainingOutput(mlm_logits, None, sbo_logits, token_states=hidden)
 
 
 def _embedding_of(backbone: nn.Module) -> nn.Parameter:

@@ -14,6 +14,7 @@ the NSP (or SOP) loss the mean over sequences, the SBO loss the mean over span t
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -28,6 +29,37 @@ def _sum_ce(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     loss = F.cross_entropy(logits, targets, reduction="sum")
     correct = (logits.argmax(-1) == targets).sum()
     return loss, correct
+
+
+def constant_guess_hits(targets: Tensor) -> Tensor:
+    """How many of ``targets`` (N,) the best constant guess gets right: the count of their most frequent token. Over
+    ``N`` it is the accuracy of always predicting that token, the plateau an MLM sits on before it reads context (a
+    unigram model's accuracy on these very targets, an upper bound for any constant guess)."""
+    if targets.numel() == 0:
+        return targets.new_zeros(())
+    return torch.bincount(targets).max()
+
+
+def token_cosine(states: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, int]:
+    """(sum, count) of the cosine similarity of every pair of distinct real-token states in a batch: their mean is the
+    anisotropy of the representation (Ethayarajh 2019): near 1 when every token gets nearly the same vector (a
+    collapsed encoder), lower when states carry the token and its context.
+
+    With unit vectors u_i and their sum s, the pairs' cosines add up to (|s|^2 - N), over N (N - 1) ordered pairs.
+
+    Args:
+        states: (B, T, D) the final token states; attention_mask: (B, T), 1 = real token (None: all real).
+    """
+    with torch.no_grad():
+        flat = states.detach().float().reshape(-1, states.shape[-1])  # (B*T, D)
+        if attention_mask is not None:
+            flat = flat[attention_mask.reshape(-1).bool()]  # (N, D) real tokens
+        n = flat.shape[0]
+        if n < 2:
+            return flat.new_zeros(()), 0
+        units = F.normalize(flat, dim=-1)
+        total = units.sum(0).pow(2).sum() - n  # sum over i != j of u_i . u_j
+        return total, n * (n - 1)
 
 
 class MaskedLMObjective:
@@ -71,7 +103,11 @@ class MaskedLMObjective:
         n = targets.numel()
         mlm_loss, mlm_correct = _sum_ce(out.mlm_logits, targets)
         losses = {"mlm": (mlm_loss, n)}
-        metrics = {"mlm_accuracy": (mlm_correct, n)}
+        # the accuracy beside its plateau (the best constant guess) and the anisotropy of the token states: whether
+        # a run has left the plateau where it predicts the most frequent token everywhere (lmforge.recipes.pretrain)
+        metrics = {"mlm_accuracy": (mlm_correct, n), "mlm_constant_accuracy": (constant_guess_hits(targets), n)}
+        if getattr(out, "token_states", None) is not None:
+            metrics["token_cosine"] = token_cosine(out.token_states, batch.get("attention_mask"))
         if self.nsp:
             nsp_targets = batch["nsp_labels"]
             nsp_loss, nsp_correct = _sum_ce(out.nsp_logits, nsp_targets)

@@ -229,6 +229,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     from lmforge.tasks.base import TaskObjective
     from lmforge.training.distributed import init_distributed
     from lmforge.training.freeze import freeze, lr_scales
+    from lmforge.training.reinit import reinit_top_layers
     from lmforge.training.trainer import RunOutput, Trainer
     from lmforge.utils.io import check_not_input
 
@@ -284,6 +285,9 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     head_spec = task.head_spec()
     torch.manual_seed(run.train.seed)  # the head's initialisation is part of the run's seed
     model = TaskModel(backbone, build_head(head_spec, config, backbone))
+    if run.task.reinit_layers:  # Zhang et al. 2021: fresh top layers for a briefly or differently pretrained encoder
+        log.info("--reinit-layers %d: re-initialised %s", run.task.reinit_layers,
+                 ", ".join(reinit_top_layers(model, run.task.reinit_layers)))
     frozen = freeze(model, run.task.freeze)
     if frozen:
         log.info("--freeze %s: %d of %d parameter tensors frozen", run.task.freeze, len(frozen),

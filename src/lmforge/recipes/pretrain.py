@@ -27,6 +27,23 @@ log = logging.getLogger("lmforge")
 
 
 PRETRAIN_STEPS = 1000  # train.max_steps when the run sets neither it nor a budget
+# A masked LM "has left the plateau" when its held-out accuracy beats always guessing the most frequent masked token
+# by more than this (absolute): one point of accuracy.
+PLATEAU_MARGIN = 0.01
+
+
+def plateau_warning(results: dict[str, Any]) -> str | None:
+    """A warning when a finished masked-LM run is still on the plateau (its held-out MLM accuracy within
+    ``PLATEAU_MARGIN`` of the best constant guess, ``eval_mlm_constant_accuracy``); None when it has left it or the
+    run has no such evaluation. The line names the anisotropy of its token states too (``eval_token_cosine``)."""
+    accuracy, constant = results.get("eval_mlm_accuracy"), results.get("eval_mlm_constant_accuracy")
+    if accuracy is None or constant is None or accuracy > constant + PLATEAU_MARGIN:
+        return None
+    cosine = results.get("eval_token_cosine")
+    alike = f"; its token states are nearly alike (mean cosine {cosine:.2f})" if cosine is not None else ""
+    return (f"the masked LM has not left the plateau: held-out MLM accuracy {accuracy:.3f}, against {constant:.3f} for "
+            f"always predicting the most frequent masked token{alike}. Its encoder has learnt little yet to fine-tune "
+            "from: train longer (--budget), or change the lr or the recipe")
 
 
 @dataclass

@@ -29,8 +29,8 @@ Feature = dict[str, Any]
 
 # TaskConfig fields every task reads; fields only the training run reads (never saved with the model)
 COMMON_OPTIONS = ("task", "max_length", "dropout", "metric", "input_format")
-TRAINING_OPTIONS = ("freeze", "head_lr", "layer_decay", "gradual_unfreezing", "epochs", "init_embeddings",
-                    "lm_weight")
+TRAINING_OPTIONS = ("freeze", "reinit_layers", "head_lr", "layer_decay", "gradual_unfreezing", "epochs",
+                    "init_embeddings", "lm_weight")
 
 
 class Task:

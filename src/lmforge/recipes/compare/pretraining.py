@@ -56,7 +56,7 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
     """
     from lmforge.config import DataConfig, TrainConfig
     from lmforge.data.shards import MANIFEST_NAME, prepare_corpus
-    from lmforge.recipes.pretrain import PretrainRun, build_trainer
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer, plateau_warning
 
     shards = work / "shards"
     if not (shards / MANIFEST_NAME).is_file():
@@ -84,4 +84,6 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
     shown = ", ".join(f"{k} {v:.3f}" for k, v in final.items() if k.startswith("eval_") and isinstance(v, float))
     log.info("compare: pretrained %s (%s, %s, %d steps) on the training texts in %.1f min%s", spec.name, spec.preset,
              spec.objective, trainer.step, seconds / 60, f"; held out: {shown}" if shown else "")
+    if (warning := plateau_warning(final)) is not None:
+        log.warning("compare: [[pretrain]] %s: %s", spec.name, warning)
     return seconds
