@@ -124,3 +124,11 @@ def test_the_architecture_registry_names_each_family_s_config_class():
         assert architecture(arch).config_class is family_class(arch)
         assert architecture(arch).config_class.transformer == (not architecture(arch).recurrent) or arch in (
             "bilm", "awd_lstm")  # the two non-Transformer families that are not ``recurrent`` (no cell to choose)
+
+
+def test_without_dropout_zeroes_every_dropout_of_the_family():
+    bert = model_config_from_preset("bert-tiny").without_dropout()
+    assert (bert.dropout, bert.attention_dropout) == (0.0, 0.0) and type(bert) is EncoderConfig
+    awd = model_config_from_preset("awd-lstm-small").without_dropout()
+    assert all(getattr(awd, name) == 0.0 for name in ("embed_p", "input_p", "hidden_p", "weight_p", "output_p"))
+    assert awd.d_hidden == 256  # nothing else changes

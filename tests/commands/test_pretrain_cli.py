@@ -37,6 +37,27 @@ def prepared(tmp_path_factory, bbc_dir):
     return root
 
 
+def test_dropout_off_pretrains_without_dropout_and_saves_the_fine_tuning_dropouts(prepared, tmp_path, capsys):
+    import torch
+
+    from lmforge.recipes.pretrain import PretrainRun, build_pretraining_model
+
+    run = PretrainRun(preset="bert-tiny", model={"dropout": 0.2, "n_layers": 1}, dropout_off=True)
+    model, config, _ = build_pretraining_model(run, vocab_size=99)
+    assert config.dropout == 0.2  # what the saved folder keeps
+    ids = torch.randint(5, 99, (2, 12))
+    model.train()
+    with torch.no_grad():  # no dropout anywhere: two training-mode passes agree
+        torch.testing.assert_close(model(ids).mlm_logits, model(ids).mlm_logits, rtol=0, atol=0)
+    out = tmp_path / "run"
+    code = main(["pretrain", "--preset", "bert-tiny", "--objective", "mlm", "--data", str(prepared / "data"),
+                 "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "32", *TINY,
+                 "--model.dropout=0.2", "--dropout-off"])
+    assert code == 0, capsys.readouterr().err
+    assert load_pretrained(out).config.dropout == 0.2  # fine-tuning gets its dropout back
+    assert json.loads((out / "run_config.json").read_text())["dropout_off"] is True
+
+
 @pytest.mark.parametrize(("preset", "objective"), [("bert-tiny", "mlm+nsp"), ("bert-tiny", "span"),
                                                    ("albert-mini", "mlm+sop"), ("gpt-nano", "clm")])
 def test_pretrain_writes_a_loadable_run(prepared, tmp_path, preset, objective, capsys):

@@ -40,7 +40,8 @@ FLAGS = {"preset": "preset", "objective": "data.objective", "data": "data.path",
          "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len", "lr": "train.lr",
          "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
          "save_minutes": "train.save_minutes", "eval_every": "train.eval_every",
-         "seed": "train.seed", "masking": "data.masking", "init_from": "init_from", "layer_decay": "layer_decay"}
+         "seed": "train.seed", "masking": "data.masking", "init_from": "init_from", "layer_decay": "layer_decay",
+         "dropout_off": "dropout_off"}
 
 
 def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,9 @@ def add_pretrain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-decay", type=Rate(0.0, 1.0, low_open=True), metavar="F",
                    help="discriminative learning rates: each layer group below the top gets F times its upper "
                    "neighbour's lr (ULMFiT: 1/2.6 = 0.385)")
+    p.add_argument("--dropout-off", action="store_true", default=None,
+                   help="pretrain with every dropout of the model at 0 (Cramming, Geiping & Goldstein 2023); the saved "
+                   "model keeps its dropouts for fine-tuning")
     p.add_argument("--out", metavar="DIR", help="the run folder")
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps to train (with --budget: an "
                    "optional cap)")

@@ -66,6 +66,12 @@ class ModelConfig:
     # what a family class says of itself
     archs: ClassVar[tuple[str, ...]] = ()  # the ``arch`` values this class serves
     transformer: ClassVar[bool] = True  # sized by n_heads and d_ff (False: the Transformer fields do not apply)
+    dropout_fields: ClassVar[tuple[str, ...]] = ("dropout", "attention_dropout")  # every dropout probability
+
+    def without_dropout(self) -> ModelConfig:
+        """The same model with every dropout probability of its family at 0 (``dropout_fields``): what a run that
+        pretrains without dropout builds, while the folder it saves keeps this config for fine-tuning."""
+        return dataclasses.replace(self, **{name: 0.0 for name in self.dropout_fields})
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ModelConfig:
         # ``ModelConfig(arch="xlnet", ...)`` is the family's class: old code and user code that build the core class

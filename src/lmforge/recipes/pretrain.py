@@ -68,6 +68,9 @@ class PretrainRun:
     # the objective's own options (``lmforge.objectives.options``: ELECTRA's rtd_weight, the AWD-LSTM's ar_alpha and
     # tar_beta, Transformer-XL's eval_mem_len), checked against the objective ``data.objective`` names
     loss: dict[str, Any] = field(default_factory=dict)
+    # pretrain with every dropout of the model at 0 (Geiping & Goldstein 2023, Cramming: no dropout in pretraining),
+    # while the saved folder keeps the model's dropouts for fine-tuning
+    dropout_off: bool = False
     train: TrainConfig = field(default_factory=TrainConfig)
 
     @classmethod
@@ -120,14 +123,16 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
         raise LmforgeError(f"data.seq_len={run.data.seq_len} exceeds the model's max_seq_len={config.max_seq_len}; "
                            "lower --seq-len or raise --model.max_seq_len")
     torch.manual_seed(run.train.seed)  # a reproducible initialisation
-    backbone = build_backbone(config)  # after checking that it fits in memory
+    # the module pretrains without dropout when asked; ``config`` (returned, saved) keeps the fine-tuning dropouts
+    built = config.without_dropout() if run.dropout_off else config
+    backbone = build_backbone(built)  # after checking that it fits in memory
     if start is not None:
         backbone.load_state_dict(start.model.state_dict())
         log.info("starting from the weights of %s", run.init_from)
     head = objective.head_spec(run.data)
     if head is None:
         return backbone, config, None
-    return TaskModel(backbone, build_head(head, config, backbone)), config, head
+    return TaskModel(backbone, build_head(head, built, backbone)), config, head
 
 
 def _start_model(run: PretrainRun, vocab_size: int):
@@ -230,6 +235,7 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         from lmforge.training.freeze import lr_scales
 
         scales = lr_scales(model, lr=run.train.lr, layer_decay=run.layer_decay)
+    # saved models carry ``config``: with dropout_off, the module trains without dropout and the folder keeps it
     output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
-                       run_config=to_dict(run), run_kind=run_kind(run))
+                       run_config=to_dict(run), run_kind=run_kind(run), model_config=config)
     return Trainer(model, objective, train, run.train, output, eval_data=evaluation, lr_scales=scales)

@@ -31,6 +31,8 @@ class AWDLSTMConfig(ModelConfig):
 
     archs: ClassVar[tuple[str, ...]] = ("awd_lstm",)
     transformer: ClassVar[bool] = False
+    dropout_fields: ClassVar[tuple[str, ...]] = ("dropout", "attention_dropout", "embed_p", "input_p", "hidden_p",
+                                                 "weight_p", "output_p")
 
     def _family_problems(self) -> list[str]:
         problems = []
