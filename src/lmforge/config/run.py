@@ -83,6 +83,10 @@ class TrainConfig:
 
     max_steps: int | None = None  # None: derived by the recipe (epochs x batches per epoch; pretraining: 1000)
     budget: str = ""  # a time (30s, 10m, 1.5h) or tokens (200ktok, 5Mtok): see the class docstring
+    # Cramming's batch-size ramp (Geiping & Goldstein 2023): over the first batch_ramp of the run (of max_steps, or
+    # of the budget) the batch grows linearly from one micro-batch per process to batch_size, in whole micro-batches
+    # (lmforge.training.budget.RunLimit.accumulation); 0: the full batch from the first step
+    batch_ramp: float = 0.0
     batch_size: int = 32
     micro_batch_size: int | None = None
     optimizer: str = "adamw"  # OPTIMIZERS; "lamb": LAMB (You et al. 2020) for large batches (lmforge.training.optim)
@@ -174,6 +178,9 @@ class TrainConfig:
             problems.append(f"warmup_steps={self.warmup_steps} must be >= 0")
         if not 0.0 <= self.warmup_ratio < 1.0:
             problems.append(f"warmup_ratio={self.warmup_ratio} must be in [0, 1)")
+        if not 0.0 <= self.batch_ramp <= 1.0:  # also refuses NaN
+            problems.append(f"batch_ramp={self.batch_ramp} must be in [0, 1] (the share of the run over which the "
+                            "batch grows to batch_size; 0: no ramp)")
         try:
             budget = parse_budget(self.budget)
         except LmforgeError as err:

@@ -10,6 +10,7 @@ all-reduce, so that every process uses the same fraction.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,20 @@ class RunLimit:
         if self.config.max_steps is not None and self.progress.step >= self.config.max_steps:
             return True
         return self.active and (self.progress.budget_fraction or 0.0) >= 1.0
+
+    def accumulation(self, full: int) -> int:
+        """The micro-batches per process of the next update: ``full`` (``batch_size`` / (micro x processes)), or
+        during ``batch_ramp`` ``max(1, ceil(full * p / batch_ramp))`` with p the run's progress before the update (the
+        completed share of ``max_steps``, or of the budget): the batch grows linearly from one micro-batch per process
+        to the full batch (Cramming's batch-size ramp), the same on every process and on resume."""
+        ramp = self.config.batch_ramp
+        if ramp <= 0.0 or full <= 1:
+            return full
+        if self.active:
+            progress = self.progress.budget_fraction or 0.0
+        else:
+            progress = self.progress.step / self.config.max_steps
+        return max(1, min(full, math.ceil(full * progress / ramp)))
 
     def bar(self) -> dict[str, Any]:
         """tqdm's ``total``, ``initial`` and ``desc``: steps, or a budget's percent."""
