@@ -108,6 +108,7 @@ def test_xlnet_plm_run(prepared, tmp_path, capsys):
     assert [r["step"] for r in train] == [1, 2, 3]
     assert all(0.0 <= r["plm_accuracy"] <= 1.0 and r["predicted_tokens"] > 0 for r in train)
     assert any("eval_plm_accuracy" in r for r in records)
+    assert all(0.0 < r["plm_constant_accuracy"] <= 1.0 for r in train)  # the plateau beside the accuracy
     loaded = load_pretrained(out)
     assert loaded.config.arch == "xlnet" and loaded.config.n_layers == 1
     assert loaded.config.vocab_size == loaded.tokenizer.vocab_size

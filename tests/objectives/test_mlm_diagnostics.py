@@ -57,3 +57,14 @@ def test_a_run_still_on_the_plateau_gets_a_warning():
     assert warning is not None and "has not left the plateau" in warning and "0.93" in warning
     assert plateau_warning({**stuck, "eval_mlm_accuracy": 0.048 + PLATEAU_MARGIN + 0.001}) is None
     assert plateau_warning({"eval_loss": 3.0}) is None  # not a masked LM, or no evaluation
+
+
+def test_electra_and_xlnet_report_their_plateau_too():
+    from lmforge.objectives.electra import ElectraObjective
+    from tests.objectives.test_electra import masked_batch, tiny
+
+    warning = plateau_warning({"eval_plm_accuracy": 0.05, "eval_plm_constant_accuracy": 0.06})
+    assert warning is not None and "PLM has not left the plateau" in warning
+    metrics = ElectraObjective()(tiny().eval(), masked_batch()).metrics  # the generator's MLM beside its plateau
+    hits, n = metrics["mlm_constant_accuracy"]
+    assert 0 < int(hits) <= int(n) == int(metrics["mlm_accuracy"][1])

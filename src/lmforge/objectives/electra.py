@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.masked_lm import constant_guess_hits
 from lmforge.objectives.options import ElectraLoss  # noqa: F401  (its loss options, for importers)
 
 IGNORE = -100
@@ -76,6 +77,7 @@ class ElectraObjective:
         losses = {"mlm": (mlm_loss, n), "rtd": (self.rtd_weight * bce, r)}
         metrics = {
             "mlm_accuracy": (mlm_correct, n),
+            "mlm_constant_accuracy": (constant_guess_hits(targets), n),  # the generator's plateau
             "rtd_accuracy": (((logits.detach() > 0) == replaced).sum(), r),
             "rtd_bce": (bce.detach(), r),
             "replaced_share": (replaced.sum(), r),

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.objectives.base import ObjectiveOutput
+from lmforge.objectives.masked_lm import constant_guess_hits
 
 IGNORE = -100
 
@@ -46,4 +47,6 @@ class PLMObjective:
         loss = F.cross_entropy(logits, targets, reduction="sum")
         correct = (logits.detach().argmax(-1) == targets).sum()
         n = targets.numel()
-        return ObjectiveOutput({"plm": (loss, n)}, {"plm_accuracy": (correct, n)})
+        # the accuracy beside its plateau, the best constant guess (lmforge.recipes.pretrain.plateau_warning)
+        return ObjectiveOutput({"plm": (loss, n)}, {"plm_accuracy": (correct, n),
+                                                    "plm_constant_accuracy": (constant_guess_hits(targets), n)})

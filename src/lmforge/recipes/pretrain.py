@@ -33,17 +33,21 @@ PLATEAU_MARGIN = 0.01
 
 
 def plateau_warning(results: dict[str, Any]) -> str | None:
-    """A warning when a finished masked-LM run is still on the plateau (its held-out MLM accuracy within
-    ``PLATEAU_MARGIN`` of the best constant guess, ``eval_mlm_constant_accuracy``); None when it has left it or the
-    run has no such evaluation. The line names the anisotropy of its token states too (``eval_token_cosine``)."""
-    accuracy, constant = results.get("eval_mlm_accuracy"), results.get("eval_mlm_constant_accuracy")
-    if accuracy is None or constant is None or accuracy > constant + PLATEAU_MARGIN:
-        return None
-    cosine = results.get("eval_token_cosine")
-    alike = f"; its token states are nearly alike (mean cosine {cosine:.2f})" if cosine is not None else ""
-    return (f"the masked LM has not left the plateau: held-out MLM accuracy {accuracy:.3f}, against {constant:.3f} for "
-            f"always predicting the most frequent masked token{alike}. Its encoder has learnt little yet to fine-tune "
-            "from: train longer (--budget), or change the lr or the recipe")
+    """A warning when a finished masked-LM (or permutation-LM) run is still on the plateau: its held-out accuracy
+    (``eval_mlm_accuracy``, ``eval_plm_accuracy``) within ``PLATEAU_MARGIN`` of the best constant guess
+    (``eval_mlm_constant_accuracy``, ...); None when it has left it or the run has no such evaluation. The line names
+    the anisotropy of its token states too (``eval_token_cosine``)."""
+    for term in ("mlm", "plm"):
+        accuracy, constant = results.get(f"eval_{term}_accuracy"), results.get(f"eval_{term}_constant_accuracy")
+        if accuracy is None or constant is None or accuracy > constant + PLATEAU_MARGIN:
+            continue
+        cosine = results.get("eval_token_cosine")
+        alike = f"; its token states are nearly alike (mean cosine {cosine:.2f})" if cosine is not None else ""
+        name = term.upper()
+        return (f"the {name} has not left the plateau: held-out {name} accuracy {accuracy:.3f}, against "
+                f"{constant:.3f} for always predicting the most frequent target token{alike}. The model has learnt "
+                "little yet to fine-tune from: train longer (--budget), or change the lr or the recipe")
+    return None
 
 
 @dataclass
