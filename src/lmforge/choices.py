@@ -29,6 +29,10 @@ HARD_ATTENTION_ESTIMATORS = ("straight_through", "reinforce")
 POSITIONALS = ("learned", "sinusoidal", "rotary")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid")
 KERNELS = ("math", "sdpa")
+# the Transformer layers' feed-forward (nn.feedforward.FeedForward): Vaswani et al.'s two-layer MLP, or the gated
+# variant (Shazeer 2020, "GLU Variants Improve Transformer": act(x W) * (x V) then W2; GEGLU with GELU, as in
+# Cramming)
+FFNS = ("mlp", "gated")
 # ALBERT's cross-layer parameter sharing (Lan et al. 2020, section 3.1; models.encoder): every layer one set of
 # weights ("all"), only the attention or only the feed-forward sublayers shared, or none (BERT)
 LAYER_SHARINGS = ("none", "all", "attention", "ffn")

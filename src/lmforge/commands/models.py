@@ -165,6 +165,10 @@ def export_to_hf(loaded) -> tuple[dict, dict]:
 
     config = loaded.config
     layout = architecture(config.arch).hf_export
+    if layout is not None and (not config.bias or config.ffn != "mlp"):
+        raise LmforgeError(f"bias={config.bias}, ffn={config.ffn!r}: Hugging Face's {layout} layout has biases in "
+                           "every projection and a plain feed-forward; this model (Cramming's options) has no Hugging "
+                           "Face layout; keep it as an lmforge folder")
     state = loaded.model.state_dict()
     if layout == "bert":
         return _export_encoder(loaded, state)

@@ -22,7 +22,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lmforge.choices import ACTIVATIONS, ARCHITECTURES, KERNELS, POSITIONALS
+from lmforge.choices import ACTIVATIONS, ARCHITECTURES, FFNS, KERNELS, POSITIONALS
 from lmforge.errors import LmforgeError
 
 # Hard limits on single sizes, far above any real model (GPT-3 has 96 layers, d_model 12,288, d_ff 49,152): a typo or a
@@ -60,6 +60,10 @@ class ModelConfig:
     positional: str = "learned"
     tie_embeddings: bool = True
     kernel: str = "sdpa"
+    # Cramming's small-compute options (Geiping & Goldstein 2023): no biases in the attention and feed-forward
+    # projections, a gated feed-forward (FFNS)
+    bias: bool = True
+    ffn: str = "mlp"
     pad_token_id: int = 0
     init_std: float = 0.02
 
@@ -126,7 +130,8 @@ class ModelConfig:
         if self.arch not in self.archs:
             problems.append(f"arch={self.arch!r} is not one of {', '.join(self.archs)} (this is a "
                             f"{type(self).__name__}; build the config with ModelConfig(arch=...))")
-        for name, choices in (("positional", POSITIONALS), ("activation", ACTIVATIONS), ("kernel", KERNELS)):
+        for name, choices in (("positional", POSITIONALS), ("activation", ACTIVATIONS), ("kernel", KERNELS),
+                              ("ffn", FFNS)):
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         sizes = ("vocab_size", "d_model", "n_layers", "max_seq_len") + (("n_heads", "d_ff") if self.transformer else ())

@@ -100,7 +100,8 @@ class Decoder(PretrainedMixin, nn.Module):
             DecoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
                          attention_dropout=config.attention_dropout, activation=config.activation,
                          norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
-                         rotary=self.rotary, cross_attention=False)
+                         rotary=self.rotary, cross_attention=False, bias=config.bias,
+                         gated_ffn=config.ffn == "gated")
             for _ in range(L))
         self.final_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.lm_head = None if config.tie_embeddings else nn.Linear(D, config.vocab_size, bias=False)

@@ -143,7 +143,7 @@ def build_encoder_layers(config: ModelConfig, rotary: nn.Module | None) -> nn.Mo
             config.d_model, config.n_heads, config.d_ff, dropout=config.dropout,
             attention_dropout=config.attention_dropout, activation=config.activation,
             norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
-            rotary=rotary)
+            rotary=rotary, bias=config.bias, gated_ffn=config.ffn == "gated")
 
     first = new_layer()
     if config.share_layers == "all":

@@ -182,7 +182,8 @@ class EncoderDecoder(PretrainedMixin, _SourceStack):
         self.dropout = Dropout(config.dropout)
         common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout,
                       activation=config.activation, norm_first=config.norm_first,
-                      layer_norm_eps=config.layer_norm_eps, kernel=config.kernel, rotary=self.rotary)
+                      layer_norm_eps=config.layer_norm_eps, kernel=config.kernel, rotary=self.rotary,
+                      bias=config.bias, gated_ffn=config.ffn == "gated")
         self.encoder_layers = nn.ModuleList(
             EncoderLayer(D, config.n_heads, config.d_ff, **common) for _ in range(config.n_layers))
         self.decoder_layers = nn.ModuleList(
@@ -363,7 +364,7 @@ class SourceEncoder(PretrainedMixin, _SourceStack):
             EncoderLayer(D, config.n_heads, config.d_ff, dropout=config.dropout,
                          attention_dropout=config.attention_dropout, activation=config.activation,
                          norm_first=config.norm_first, layer_norm_eps=config.layer_norm_eps, kernel=config.kernel,
-                         rotary=self.rotary)
+                         rotary=self.rotary, bias=config.bias, gated_ffn=config.ffn == "gated")
             for _ in range(config.n_layers))
         self.encoder_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.unpad = True  # the encoder layers run on the real source tokens of a padded batch (nn.kernels.packing)

@@ -34,13 +34,16 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 class FeedForward(nn.Module):
     """Position-wise feed-forward network, Vaswani et al. 2017, eq. 2: FFN(x) = act(x W1 + b1) W2 + b2.
 
-    ``fc1`` expands D -> F, ``fc2`` projects back F -> D. ``dropout`` acts on the hidden activations
+    ``fc1`` expands D -> F, ``fc2`` projects back F -> D. ``gated`` (Shazeer 2020, "GLU Variants Improve
+    Transformer"): ``fc1`` expands D -> 2F, its halves a and b give act(a) * b, then ``fc2``: GEGLU with GELU, as
+    Cramming (Geiping & Goldstein 2023) uses. ``dropout`` acts on the hidden activations
     (tensor2tensor's "relu_dropout"); neither the paper nor BERT/GPT-2 use it, so the layers build this with
     dropout 0 and apply their own dropout to the sublayer output.
     """
 
     def __init__(
-        self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True
+        self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True,
+        gated: bool = False,
     ) -> None:
         """
         Args:
@@ -49,6 +52,7 @@ class FeedForward(nn.Module):
             activation: name in ``ACTIVATIONS``.
             dropout: dropout on the hidden activations.
             bias: biases on both linear maps.
+            gated: the gated variant (``fc1`` is D -> 2F).
         """
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -57,7 +61,8 @@ class FeedForward(nn.Module):
             raise LmforgeError(f"feed-forward dropout must be in [0, 1); got {dropout}")
         self.activation_name = activation
         self.activation = ACTIVATIONS[activation]
-        self.fc1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.gated = gated
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if gated else d_ff, bias=bias)
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(dropout)
 
@@ -69,8 +74,13 @@ class FeedForward(nn.Module):
         Returns:
             (B, T, D).
         """
-        h = self.dropout(self.activation(self.fc1(x)))  # (B, T, F)
-        return self.fc2(h)  # (B, T, D)
+        h = self.fc1(x)  # (B, T, F), or (B, T, 2F) gated
+        if self.gated:
+            a, b = h.chunk(2, dim=-1)  # (B, T, F) each
+            h = self.activation(a) * b
+        else:
+            h = self.activation(h)
+        return self.fc2(self.dropout(h))  # (B, T, D)
 
     def extra_repr(self) -> str:
-        return f"activation={self.activation_name!r}"
+        return f"activation={self.activation_name!r}" + (", gated" if self.gated else "")

@@ -161,6 +161,7 @@ class EncoderLayer(nn.Module):
         bias: bool = True,
         kernel: str = "sdpa",
         rotary: nn.Module | None = None,
+        gated_ffn: bool = False,
     ) -> None:
         """
         Args:
@@ -175,6 +176,7 @@ class EncoderLayer(nn.Module):
             bias: biases in attention and feed-forward projections.
             kernel: attention kernel name (``KERNELS``).
             rotary: optional rotary embedding for the self-attention.
+            gated_ffn: the gated feed-forward (``FeedForward(gated=True)``: GEGLU with GELU).
         """
         super().__init__()
         _check_dropout(dropout)
@@ -184,7 +186,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias=bias, kernel=kernel,
                                             rotary=rotary)
         self.self_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias, gated=gated_ffn)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.dropout = Dropout(dropout)
 
@@ -250,13 +252,14 @@ class DecoderLayer(nn.Module):
         bias: bool = True,
         kernel: str = "sdpa",
         rotary: nn.Module | None = None,
+        gated_ffn: bool = False,
         cross_attention: bool = True,
         d_memory: int | None = None,
     ) -> None:
         """
         Args:
             d_model, n_heads, d_ff, dropout, attention_dropout, activation, norm_first, layer_norm_eps, bias, kernel,
-            rotary:
+            rotary, gated_ffn:
                 as in ``EncoderLayer`` (rotary acts on the self-attention only).
             cross_attention: include the cross-attention sublayer (False for decoder-only models).
             d_memory: width of the encoder output, when it differs from D.
@@ -275,7 +278,7 @@ class DecoderLayer(nn.Module):
             self.cross_attn = MultiHeadAttention(d_model, n_heads, attention_dropout, bias=bias, kernel=kernel,
                                                  d_kv=d_memory)
             self.cross_attn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias, gated=gated_ffn)
         self.ffn_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.dropout = Dropout(dropout)
 
