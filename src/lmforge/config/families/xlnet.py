@@ -46,9 +46,11 @@ class XLNetConfig(ModelConfig):
         if self.same_length and self.attn_type != "uni":
             problems.append("same_length=true shapes the causal mask of attn_type='uni'; with attn_type="
                             f"{self.attn_type!r} it would do nothing: unset it")
-        if not self.bias or self.ffn != "mlp":  # XLNet's layers (relative attention, its own FFN) lack these options
-            problems.append(f"bias={self.bias}, ffn={self.ffn!r}: XLNet's layers have no bias-free or gated variant "
-                            "yet; keep bias=true and ffn='mlp'")
+        if not self.bias or self.ffn != "mlp" or self.norm_first:
+            # XLNet's layers (relative attention, its own FFN, post-LN as the paper's) have none of these variants yet:
+            # refused rather than silently ignored
+            problems.append(f"bias={self.bias}, ffn={self.ffn!r}, norm_first={self.norm_first}: XLNet's layers have no "
+                            "bias-free, gated or pre-LN variant yet; keep bias=true, ffn='mlp', norm_first=false")
         if isinstance(self.d_model, int) and self.d_model % 2:
             problems.append(f"XLNet's relative position encodings pair sines and cosines: d_model={self.d_model} "
                             "must be even")
