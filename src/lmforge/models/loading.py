@@ -112,7 +112,8 @@ def hf_model_type(raw: dict[str, Any]) -> str | None:
     return raw.get("model_type") if raw.get("format") != "lmforge" else None
 
 
-def load_folder(directory: str | Path, *, with_head: bool = False, build: Build = backbone_only) -> Loaded:
+def load_folder(directory: str | Path, *, with_head: bool = False, build: Build = backbone_only,
+                raw: dict[str, Any] | None = None) -> Loaded:
     """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / ALBERT / DistilBERT / ELECTRA /
     GPT-2 / XLNet folder, into the module ``build`` makes.
 
@@ -123,12 +124,13 @@ def load_folder(directory: str | Path, *, with_head: bool = False, build: Build 
         with_head: for a folder holding a ``TaskModel``, build the head too (``build`` must know heads), else only
             the backbone (the ``backbone.`` weights).
         build: makes the module of a config and a head description (None: no head).
+        raw: the folder's ``config.json`` when the caller has read (and checked) it already; else it is read here.
 
     Raises:
         InputFileError / LmforgeError: missing files, another format, keys or shapes that do not fit.
     """
     directory = Path(directory)
-    raw = read_config(directory)
+    raw = read_config(directory) if raw is None else raw
     hf_type = hf_model_type(raw)
     if hf_type is not None:
         return _load_hf(directory, raw, hf_type, with_head, build)

@@ -72,8 +72,8 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
     Raises:
         InputFileError / LmforgeError: missing files, another format, keys or shapes that do not fit.
     """
-    read_config(directory)  # the head and task checks, before anything is built
-    return load_folder(directory, with_head=with_head, build=build_model)
+    raw = read_config(directory)  # the head and task checks, before anything is built
+    return load_folder(directory, with_head=with_head, build=build_model, raw=raw)
 
 
 def from_pretrained(directory: str | Path, *, expect: type | None = None) -> nn.Module:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 
 from lmforge.errors import LmforgeError
+from lmforge.models import architecture
 from lmforge.nn.init import normal_init
 
 
@@ -31,8 +32,6 @@ def reinit_top_layers(model: nn.Module, k: int) -> list[str]:
     backbone = getattr(model, "backbone", model)
     config = getattr(backbone, "config", None)
     layers = getattr(backbone, "layers", None)
-    from lmforge.models import architecture
-
     if config is None or not isinstance(layers, nn.ModuleList) or not architecture(config.arch).uses_init_std:
         family = getattr(config, "arch", type(backbone).__name__)
         raise LmforgeError(f"--reinit-layers re-draws Transformer layers from N(0, init_std); a {family} backbone has "
