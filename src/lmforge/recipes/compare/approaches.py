@@ -91,11 +91,66 @@ def run_one(approach: Approach, config: CompareConfig, train_file: Path, test_fi
         steps += trainer.step
         record = trainer.last_eval
     if len(folders) > 1:
-        from lmforge.recipes.ensemble import Ensemble
-
-        ensemble = Ensemble(folders)
-        examples = ensemble.read(str(test_file), labelled=True)
-        record = ensemble.task.metrics(examples, ensemble.predict(examples, str(test_file)))
+        record = score_folders(folders, test_file)
     seconds = time.perf_counter() - start
     return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,
             "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": steps}
+
+
+def score_folders(folders: list[str], path: Path) -> dict[str, Any]:
+    """The metrics of fine-tuned classifier folders on the labelled file ``path``: one model's, or the averaged class
+    probabilities of several (``lmforge.recipes.ensemble``)."""
+    if len(folders) > 1:
+        from lmforge.recipes.ensemble import Ensemble
+
+        ensemble = Ensemble(folders)
+        examples = ensemble.read(str(path), labelled=True)
+        return ensemble.task.metrics(examples, ensemble.predict(examples, str(path)))
+    from lmforge.recipes.finetune import featurize, load_task_model
+
+    model, task, tokenizer = load_task_model(folders[0])
+    examples = task.read(str(path), labelled=True)
+    features = featurize(task, examples, tokenizer, str(path), training=False)
+    return task.metrics(examples, task.predict(model, examples, features, tokenizer, batch_size=32, progress=None))
+
+
+def run_grid(approach: Approach, config: CompareConfig, train_file: Path, dev_file: Path, test_file: Path,
+             n_train: int, seed: int, tokenizer_dir: str, vectors: dict[str, Path], run_dir: Path) -> dict[str, Any]:
+    """Fine-tune every point of ``approach.grid`` on one subset, score each on the dev split, then score only the
+    best one (highest dev accuracy, the first on a tie) on the test split.
+
+    The result is ``run_one``'s with the test metrics of the chosen point, ``dev_accuracy`` / ``dev_f1`` of it,
+    ``chosen`` (its settings) and ``grid`` (every point with its dev metrics); ``seconds`` and ``steps`` count the
+    whole search, as a user who tunes pays for it. Point ``k`` runs in ``<run_dir>-grid<k>``.
+    """
+    import shutil
+
+    tried, seconds, steps = [], 0.0, 0
+    for k, point in enumerate(approach.grid_points()):
+        folder = run_dir.with_name(f"{run_dir.name}-grid{k}")
+        for member in member_dirs(folder, approach):
+            if member.exists():  # cut off by an interruption: our own scratch folder, started again
+                shutil.rmtree(member)
+        result = run_one(approach.at(point), config, train_file, dev_file, n_train, seed, tokenizer_dir, vectors,
+                         folder)
+        tried.append({"point": point, "dev_accuracy": result["accuracy"], "dev_f1": result["f1"], "folder": folder})
+        seconds += result["seconds"]
+        steps += result["steps"]
+        log.info("compare: %s, seed %d, grid %s: dev accuracy %.3f", approach.name, seed, point, result["accuracy"])
+    best = max(range(len(tried)), key=lambda k: (tried[k]["dev_accuracy"], -k))
+    start = time.perf_counter()
+    record = score_folders([str(f) for f in member_dirs(tried[best]["folder"], approach)], test_file)
+    seconds += time.perf_counter() - start
+    return {"approach": approach.name, "family": approach.family, "size": n_train, "seed": seed,
+            "accuracy": record["accuracy"], "f1": record["f1"], "seconds": seconds, "steps": steps,
+            "dev_accuracy": tried[best]["dev_accuracy"], "dev_f1": tried[best]["dev_f1"],
+            "chosen": tried[best]["point"],
+            "grid": [{k: v for k, v in t.items() if k != "folder"} for t in tried]}
+
+
+def grid_dirs(run_dir: Path, approach: Approach) -> list[Path]:
+    """Every folder a run writes: its own model's and an ensemble's others, for each grid point when it has a grid."""
+    if not approach.grid:
+        return member_dirs(run_dir, approach)
+    return [m for k in range(len(approach.grid_points()))
+            for m in member_dirs(run_dir.with_name(f"{run_dir.name}-grid{k}"), approach)]

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.config import from_dict
 from lmforge.errors import LmforgeError
+
+# the settings an approach's ``grid`` may search (its own fields) besides ``task.NAME`` and ``train.NAME``
+GRID_FIELDS = ("lr", "head_lr", "epochs", "min_steps", "batch_size", "freeze")
 
 FAMILIES = {"scratch": "(a) from scratch", "static": "(b) static embeddings", "frozen": "(c) frozen encoder",
             "finetune": "(d) pretrain + fine-tune"}
@@ -19,6 +24,12 @@ class Approach:
 
     ``model`` is a preset name, a model folder, ``@minilm``, ``@pretrained`` or ``@NAME`` of a ``[[pretrain]]``
     table; ``task`` and ``train`` override the ``TaskConfig`` / ``TrainConfig`` of its fine-tuning.
+
+    ``grid`` lists settings to choose on the comparison's dev split (``dev_fraction``), e.g.
+    ``grid = { lr = [5e-4, 1e-3], epochs = [10, 20], "task.reinit_layers" = [0, 1] }``: every run (size x seed)
+    fine-tunes each combination, scores it on the dev split, and only the best one (highest dev accuracy, the first
+    listed on a tie) is scored on the test split. Keys: ``lr``, ``head_lr``, ``epochs``, ``min_steps``,
+    ``batch_size``, ``freeze``, ``task.NAME`` and ``train.NAME``.
     """
 
     name: str = ""
@@ -37,10 +48,19 @@ class Approach:
     # more models fine-tuned the same way, their class probabilities averaged with this one's on the test set
     # (ULMFiT's forward + backward ensemble: ensemble = ["@awd-lstm-bwd"])
     ensemble: list[str] = field(default_factory=list)
+    grid: dict[str, list[Any]] = field(default_factory=dict)  # settings chosen on the dev split (class docstring)
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
             raise LmforgeError("every [[approach]] needs a name and a model")
+        for key, values in self.grid.items():
+            known = key in GRID_FIELDS or (key.count(".") == 1 and key.split(".")[0] in ("task", "train"))
+            if not known:
+                raise LmforgeError(f"approach {self.name!r}: grid key {key!r} is not one of {', '.join(GRID_FIELDS)}, "
+                                   "task.NAME or train.NAME")
+            if not isinstance(values, list) or not values:
+                raise LmforgeError(f"approach {self.name!r}: grid.{key} must be a non-empty list of values, e.g. "
+                                   f"{key} = [{getattr(self, key, 1)!r}]")
         if self.family not in FAMILIES:
             raise LmforgeError(f"approach {self.name!r}: family={self.family!r} is not one of {', '.join(FAMILIES)}")
         if self.vectors not in ("", "word2vec", "glove"):
@@ -52,6 +72,18 @@ class Approach:
     def models(self) -> list[str]:
         """``model`` then the ``ensemble`` members."""
         return [self.model, *self.ensemble]
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every combination of the ``grid`` values, the first key varying slowest (one empty point without a grid)."""
+        keys = list(self.grid)
+        return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(self.grid[k] for k in keys))]
+
+    def at(self, point: dict[str, Any]) -> Approach:
+        """This approach with the settings of one grid ``point`` applied (and no grid)."""
+        own = {k: v for k, v in point.items() if "." not in k}
+        task = {**self.task, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
+        train = {**self.train, **{k[6:]: v for k, v in point.items() if k.startswith("train.")}}
+        return dataclasses.replace(self, grid={}, task=task, train=train, **own)
 
 
 RESERVED = ("minilm", "pretrained")  # @NAME sources that are not [[pretrain]] tables
@@ -103,6 +135,11 @@ class CompareConfig:
     test_fraction: float = 0.2
     split_seed: int = 0
     max_test: int = 0
+    # a dev split carved from the training split (stratified, split_seed) before the subsets are drawn: approaches
+    # with a grid choose their settings on it; it is never trained on (no subset, tokenizer, vector or pretraining
+    # sees it). max_dev caps it, class-balanced, as max_test caps the test split.
+    dev_fraction: float = 0.0
+    max_dev: int = 0
     sizes: list[int] = field(default_factory=lambda: [10, 50, 200, 0])
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     tokenizer: str = ""
@@ -120,6 +157,12 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if not self.approach:
             raise LmforgeError("the config lists no [[approach]]")
+        if not 0.0 <= self.dev_fraction < 1.0 or self.max_dev < 0:
+            raise LmforgeError(f"dev_fraction={self.dev_fraction} must be in [0, 1) and max_dev={self.max_dev} >= 0")
+        tuned = [a.name for a in self.approach if a.grid]
+        if tuned and not self.dev_fraction:
+            raise LmforgeError(f"approach(es) {', '.join(map(repr, tuned))} have a grid to choose on a dev split, but "
+                               "the config has none: set dev_fraction (e.g. dev_fraction = 0.1 of the training split)")
         if any(s < 0 for s in self.sizes) or not self.sizes or not self.seeds:
             raise LmforgeError("sizes must be >= 0 (0 = all) and sizes and seeds non-empty")
         names = [a.name for a in self.approach]

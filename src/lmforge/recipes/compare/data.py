@@ -1,12 +1,14 @@
 """The comparison's data: the labelled texts, their one fixed split, and the class-balanced training subsets.
 
 Every run reads CSV files (``text,label``) under ``<out>/data``: ``test.csv`` (the test split, or its class-balanced
-``max_test``) and ``train-<size>-<seed>.csv`` (``size`` examples per class drawn with ``seed``; 0 = all).
+``max_test``), ``dev.csv`` with ``dev_fraction`` (carved from the training split before anything trains on it) and
+``train-<size>-<seed>.csv`` (``size`` examples per class drawn with ``seed`` from the rest; 0 = all).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import random
 from dataclasses import dataclass
@@ -66,6 +68,8 @@ class Split:
     train: list[int]
     test: list[int]
     test_file: Path
+    dev: list[int] = dataclasses.field(default_factory=list)
+    dev_file: Path | None = None  # with dev_fraction: the settings of a grid are chosen on it
 
     @property
     def train_texts(self) -> list[str]:
@@ -86,16 +90,29 @@ class Split:
 
 
 def split_data(config: CompareConfig, data_dir: Path) -> Split:
-    """Load the labelled texts, split them (stratified by label, ``split_seed``) and write ``data_dir/test.csv``."""
+    """Load the labelled texts, split them (stratified by label, ``split_seed``) and write ``data_dir/test.csv``;
+    with ``dev_fraction``, carve the dev split from the training split the same way and write ``dev.csv``."""
     from lmforge.data.readers import stratified_split
 
     pairs = load_labelled(config)
     labels = [label for _, label in pairs]
     train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
+    n_classes = len(set(labels))
     if config.max_test and len(test_idx) > config.max_test:  # a smaller, still class-balanced test set (the demo)
-        per_class = max(1, config.max_test // len(set(labels)))
-        test_idx = subset(test_idx, labels, per_class, config.split_seed)
+        test_idx = subset(test_idx, labels, max(1, config.max_test // n_classes), config.split_seed)
+    dev_idx: list[int] = []
+    if config.dev_fraction:
+        keep, dev = stratified_split([labels[i] for i in train_idx], config.dev_fraction, config.split_seed)
+        dev_idx, train_idx = [train_idx[i] for i in dev], [train_idx[i] for i in keep]
+        if config.max_dev and len(dev_idx) > config.max_dev:
+            capped = subset(dev_idx, labels, max(1, config.max_dev // n_classes), config.split_seed)
+            train_idx = sorted(train_idx + sorted(set(dev_idx) - set(capped)))  # the rest goes back to training
+            dev_idx = capped
     data_dir.mkdir(exist_ok=True)
     test_file = data_dir / "test.csv"
     write_csv(test_file, [pairs[i] for i in test_idx])
-    return Split(pairs, labels, train_idx, test_idx, test_file)
+    dev_file = None
+    if dev_idx:
+        dev_file = data_dir / "dev.csv"
+        write_csv(dev_file, [pairs[i] for i in dev_idx])
+    return Split(pairs, labels, train_idx, test_idx, test_file, dev_idx, dev_file)

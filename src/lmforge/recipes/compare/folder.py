@@ -4,11 +4,12 @@
 
 * ``compare-config.json``: the config of the comparison (its setup keys must match on resume);
 * ``runs.jsonl``: one line per finished run, ``{"key": ..., "result": ...}``, appended and flushed at once;
-* ``data/``: ``test.csv`` and ``train-<size>-<seed>.csv``; ``data/pretraining/`` the texts and shards of the
-  ``[[pretrain]]`` tables;
+* ``data/``: ``test.csv``, ``dev.csv`` (with ``dev_fraction``) and ``train-<size>-<seed>.csv``;
+  ``data/pretraining/`` the texts and shards of the ``[[pretrain]]`` tables;
 * ``tokenizer/`` (when the config names none), ``word2vec.txt`` / ``glove.txt`` and ``vectors.json`` (their
   seconds), ``pretrained/<name>/`` and ``pretrained.json`` (their seconds);
-* ``runs/<approach>-<size>-<seed>/`` (``-2``, ``-3``, ... for an ensemble's other members): each run's folder;
+* ``runs/<approach>-<size>-<seed>/`` (``-2``, ``-3``, ... for an ensemble's other members; ``-grid<k>`` for
+  each point of an approach's ``grid``): each run's folder;
 * the results: ``compare.csv``, ``compare.md``, ``compare.json`` and ``learning_curve.png``.
 
 These names, and the run keys in ``runs.jsonl``, are a format: a folder written by an earlier lmforge (when this
@@ -31,14 +32,20 @@ log = logging.getLogger("lmforge")
 
 SETUP_KEYS = ("data", "text_column", "label_column", "test_fraction", "split_seed", "max_test", "tokenizer",
               "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "glove_epochs",
-              "vectors_window", "pretrain")
+              "vectors_window", "pretrain", "dev_fraction", "max_dev")
+# setup keys added after 0.1: a folder saved before them was run at these values
+LATER_SETUP_DEFAULTS = {"dev_fraction": 0.0, "max_dev": 0}
 CONFIG_NAME, RUNS_NAME = "compare-config.json", "runs.jsonl"
 VECTORS_NAME, PRETRAINED_NAME = "vectors.json", "pretrained.json"  # {name: seconds} of what was trained once
 
 
 def run_key(approach: Approach, size: int, seed: int) -> str:
-    """What makes two runs the same: the approach's settings (its name included), the subset size and the seed."""
-    return json.dumps({"approach": dataclasses.asdict(approach), "size": size, "seed": seed}, sort_keys=True)
+    """What makes two runs the same: the approach's settings (its name included), the subset size and the seed. An
+    empty ``grid`` (a key added after 0.1) is left out, so that runs an earlier lmforge finished keep their keys."""
+    settings = dataclasses.asdict(approach)
+    if not settings["grid"]:
+        del settings["grid"]
+    return json.dumps({"approach": settings, "size": size, "seed": seed}, sort_keys=True)
 
 
 def run_dir(out: Path, approach: Approach, size: int, seed: int) -> Path:
@@ -98,7 +105,7 @@ def prepare_out(config: CompareConfig, *, resume: bool, overwrite: bool) -> dict
     finished: dict[str, dict[str, Any]] = {}
     if out.exists() and any(out.iterdir()):
         if resume and saved_path.is_file():
-            saved = json.loads(saved_path.read_text(encoding="utf-8"))
+            saved = {**LATER_SETUP_DEFAULTS, **json.loads(saved_path.read_text(encoding="utf-8"))}
             current = to_dict(config)
             differs = {k: _changed_tables(saved.get(k), current[k]) if k == "pretrain" else saved.get(k) != current[k]
                        for k in SETUP_KEYS}

@@ -15,6 +15,38 @@ from lmforge.errors import LmforgeError
 from lmforge.recipes.compare.config import FAMILIES, CompareConfig
 
 CSV_COLUMNS = ["approach", "family", "per_class", "size", "seed", "accuracy", "f1", "seconds", "steps"]
+GRID_COLUMNS = ["dev_accuracy", "chosen"]  # added when an approach chose its settings on the dev split
+
+
+def _point(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in point.items()) or "(none)"
+
+
+def chosen_lines(config: CompareConfig, results: list[dict[str, Any]], n_dev: int) -> list[str]:
+    """What each approach with a ``grid`` chose on the dev split, per size: the settings and the seeds that chose
+    them, and the chosen runs' dev accuracy."""
+    lines = []
+    for approach in config.approach:
+        mine = [r for r in results if r["approach"] == approach.name and "chosen" in r]
+        if not mine:
+            continue
+        parts = []
+        for size in config.sizes:
+            runs = [r for r in mine if r["per_class"] == size]
+            if not runs:
+                continue
+            picks: dict[str, list[int]] = {}
+            for r in runs:
+                picks.setdefault(_point(r["chosen"]), []).append(r["seed"])
+            shown = "; ".join(f"{p} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+                              for p, seeds in picks.items())
+            parts.append(f"{size or 'all'}/class: {shown}; dev accuracy {_summary([r['dev_accuracy'] for r in runs])}")
+        grid = ", ".join(f"{k} in {v}" for k, v in approach.grid.items())
+        lines.append(f"- {approach.name} (grid: {grid}): " + " | ".join(parts))
+    if not lines:
+        return []
+    return ["", f"Settings chosen on the dev split ({n_dev} examples carved from the training split, never trained "
+            "on); each seed chose its own, and only the chosen model was scored on the test split:", *lines]
 
 
 def _summary(values: list[float]) -> str:
@@ -28,7 +60,7 @@ def _duration(seconds: float) -> str:
 
 
 def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_seconds: dict[str, float],
-                   n_test: int, pretrain_seconds: dict[str, float] | None = None) -> str:
+                   n_test: int, pretrain_seconds: dict[str, float] | None = None, n_dev: int = 0) -> str:
     """``compare.md``: one row per approach, accuracy then macro-F1 per size, and what was trained once."""
     sizes = config.sizes
     head = [f"{s or 'all'}/class" for s in sizes]
@@ -56,6 +88,7 @@ def markdown_table(config: CompareConfig, results: list[dict[str, Any]], vector_
         lines += ["", "Pretrained by lmforge once, on the training texts only, before the runs: " + "; ".join(
             f"{s.name} ({s.preset}, objective {s.objective}) {_duration(pretrain_seconds[s.name])}"
             for s in config.pretrain if s.name in pretrain_seconds) + "."]
+    lines += chosen_lines(config, results, n_dev)
     if vector_seconds:
         lines += ["", "Static vectors trained once on the training texts: "
                   + ", ".join(f"{k} {v:.0f} s" for k, v in vector_seconds.items()) + "."]
@@ -140,17 +173,21 @@ def plot_learning_curve(config: CompareConfig, results: list[dict[str, Any]], pa
 
 
 def write_results(config: CompareConfig, out: Path, results: list[dict[str, Any]], *, n_test: int, n_classes: int,
-                  vector_seconds: dict[str, float], pretrain_seconds: dict[str, float]) -> dict[str, Path]:
+                  vector_seconds: dict[str, float], pretrain_seconds: dict[str, float],
+                  n_dev: int = 0) -> dict[str, Path]:
     """Write the CSV, the Markdown table, the learning curve and ``compare.json`` into ``out``; returns the paths
     of the first three (``csv``, ``md``, ``png``)."""
     from lmforge.utils.io import atomic_write_text
 
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, CSV_COLUMNS)
+    tuned = any("chosen" in r for r in results)
+    writer = csv.DictWriter(buffer, CSV_COLUMNS + GRID_COLUMNS if tuned else CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(results)
+    writer.writerows({**r, "chosen": json.dumps(r["chosen"], sort_keys=True)} if "chosen" in r else r
+                     for r in results)
     atomic_write_text(out / "compare.csv", buffer.getvalue())
-    atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, n_test, pretrain_seconds))
+    atomic_write_text(out / "compare.md", markdown_table(config, results, vector_seconds, n_test, pretrain_seconds,
+                                                        n_dev))
     plot_learning_curve(config, results, out / "learning_curve.png", n_classes=n_classes)
     atomic_write_text(out / "compare.json", json.dumps({"results": results, "vector_seconds": vector_seconds,
                                                         "pretrain_seconds": pretrain_seconds}, indent=2) + "\n")

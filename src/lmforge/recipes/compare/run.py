@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.recipes.compare.approaches import check_sources, run_one
+from lmforge.recipes.compare.approaches import check_sources, grid_dirs, run_grid, run_one
 from lmforge.recipes.compare.config import CompareConfig
 from lmforge.recipes.compare.data import Split, split_data
 from lmforge.recipes.compare.folder import (
@@ -66,7 +66,7 @@ def run_compare(config: CompareConfig, *, progress: bool = True, resume: bool = 
     pretrain_seconds = pretrain_models(config, out, tokenizer_dir, split.train_texts)
     results = run_all(config, split, tokenizer_dir, vectors, finished, progress=progress)
     return write_results(config, out, results, n_test=len(split.test), n_classes=split.n_classes,
-                         vector_seconds=vector_seconds, pretrain_seconds=pretrain_seconds)
+                         vector_seconds=vector_seconds, pretrain_seconds=pretrain_seconds, n_dev=len(split.dev))
 
 
 def train_tokenizer(config: CompareConfig, out: Path, train_texts: list[str]) -> str:
@@ -152,12 +152,16 @@ def run_all(config: CompareConfig, split: Split, tokenizer_dir: str, vectors: di
             if member.exists():  # cut off by an interruption: our own scratch folder, started again
                 shutil.rmtree(member)
         with failing_step(f"approach {approach.name!r} ({size or 'all'} per class, seed {seed}; folder {folder})"):
-            result = run_one(approach, config, train_file, split.test_file, n_train, seed, tokenizer_dir, vectors,
-                             folder)
+            if approach.grid:  # settings chosen on the dev split, the chosen model alone scored on the test split
+                result = run_grid(approach, config, train_file, split.dev_file, split.test_file, n_train, seed,
+                                  tokenizer_dir, vectors, folder)
+            else:
+                result = run_one(approach, config, train_file, split.test_file, n_train, seed, tokenizer_dir,
+                                 vectors, folder)
         result["per_class"] = size
         results.append(result)
         if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
-            for member in member_dirs(folder, approach):
+            for member in grid_dirs(folder, approach):
                 shutil.rmtree(member / "checkpoints", ignore_errors=True)
                 for name in ("model.safetensors", "vocab.txt"):
                     (member / name).unlink(missing_ok=True)
