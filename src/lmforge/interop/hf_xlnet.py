@@ -15,7 +15,8 @@ Our parameters carry XLNet's names, so the conversion is a rename: ``layer.`` <-
 Config: ``n_layer``, ``d_model``, ``n_head``, ``d_inner``, ``ff_activation``, ``attn_type``, ``clamp_len`` (-1 = none),
 ``mem_len`` (None or 0 = keep every state), ``same_length``, ``dropout`` (one rate for everything, ours ``dropout``
 and ``attention_dropout``), ``layer_norm_eps``, ``initializer_range``. Not supported: ``bi_data`` (two directions of
-encodings per batch), ``reuse_len`` (pretraining's partial memory) and a head size other than d_model / n_head.
+encodings per batch), ``reuse_len`` (pretraining's partial memory) and a head size other than d_model / n_head. The
+export refuses a pre-LN model (``norm_first``: HF's XLNet is post-LN only).
 
 Nothing here imports transformers: configs are plain dicts (``config.json``), state dicts are tensors.
 """
@@ -132,6 +133,8 @@ def config_to_hf(config: ModelConfig, architecture: str = "XLNetLMHeadModel") ->
         problems.append(f"arch={config.arch!r}")
     if config.activation not in ACT_TO_HF:
         problems.append(f"activation={config.activation!r}")
+    if config.norm_first:
+        problems.append("norm_first=True (HF XLNet is post-LN)")
     if config.dropout != config.attention_dropout:
         problems.append(f"dropout={config.dropout} differs from attention_dropout={config.attention_dropout} (HF "
                         "XLNet has one rate for both)")

@@ -10,9 +10,15 @@ The forward pass, top to bottom:
     for l = 1..L:
         h, g = RelativeAttention_l(h, g; keys and values [SG(mem_l); h])   two streams, one set of weights
         h, g = FeedForward_l(h), FeedForward_l(g)                          Linear, act, drop, Linear, drop, +res, LN
+    h, g = FinalNorm(h), FinalNorm(g)                                      (pre-LN only)
     last_hidden_state = Dropout(h), query_state = Dropout(g)
     logits = state W_E^T + b    (XLNetLMHead, tied: ``lm_logits``)         (B, N or T, V)
                                 (inside forward with ``return_logits``, so DistributedDataParallel sees the head)
+
+Pre-LN (``config.norm_first``; XLNet and the paper are post-LN): each sublayer is ``x + Dropout(sublayer(LN(x)))``
+with the LayerNorm on the attention's queries and on every key/value position (``LN([SG(mem_l); h])``, as
+Transformer-XL's ``pre_lnorm``), both streams through the same LayerNorms, and one final LayerNorm on both streams.
+The memory of layer l is still its raw input (never normalised, never the final norm's output).
 
 Masks. ``attention_mask`` (B, T): 1 = real token, 0 = padding. ``perm_mask`` (B, T, T) bool in the convention of
 ``lmforge.data.permutation``: ``perm_mask[b, i, j]`` True = position i may NOT see position j, the QUERY stream's
@@ -64,13 +70,14 @@ __all__ = ["XLNet", "XLNetFeedForward", "XLNetLMHead", "XLNetLMOutput", "XLNetLa
 
 class XLNetFeedForward(nn.Module):
     """XLNet's position-wise feed-forward with its residual and LayerNorm:
-    ``LayerNorm(x + Dropout(layer_2(Dropout(act(layer_1(x))))))``.
+    ``LayerNorm(x + Dropout(layer_2(Dropout(act(layer_1(x))))))``, or with ``norm_first`` (pre-LN)
+    ``x + Dropout(layer_2(Dropout(act(layer_1(LayerNorm(x))))))``.
 
     Parameter names as XLNet's (``layer_1``, ``layer_2``, ``layer_norm``).
     """
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", dropout: float = 0.0,
-                 layer_norm_eps: float = 1e-12) -> None:
+                 layer_norm_eps: float = 1e-12, norm_first: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
@@ -79,10 +86,12 @@ class XLNetFeedForward(nn.Module):
         self.layer_2 = nn.Linear(d_ff, d_model)
         self.dropout = Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
+        self.norm_first = norm_first
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.dropout(self.activation(self.layer_1(x)))
-        return self.layer_norm(x + self.dropout(self.layer_2(y)))
+        y = self.dropout(self.activation(self.layer_1(self.layer_norm(x) if self.norm_first else x)))
+        y = x + self.dropout(self.layer_2(y))
+        return y if self.norm_first else self.layer_norm(y)
 
 
 class XLNetLayer(nn.Module):
@@ -94,9 +103,9 @@ class XLNetLayer(nn.Module):
         assert config.d_ff is not None
         self.rel_attn = RelativeMultiHeadAttention(
             config.d_model, config.n_heads, dropout=config.dropout, attn_dropout=config.attention_dropout,
-            segments=True, layer_norm_eps=config.layer_norm_eps)
-        self.ff = XLNetFeedForward(config.d_model, config.d_ff, activation=config.activation,
-                                   dropout=config.dropout, layer_norm_eps=config.layer_norm_eps)
+            segments=True, layer_norm_eps=config.layer_norm_eps, norm_first=config.norm_first)
+        self.ff = XLNetFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.dropout,
+                                   layer_norm_eps=config.layer_norm_eps, norm_first=config.norm_first)
 
     def forward(self, h: Tensor, g: Tensor | None, r: Tensor, *, mems: Tensor | None, allowed_h: Tensor | None,
                 allowed_g: Tensor | None, seg_mat: Tensor | None, target_mapping: Tensor | None,
@@ -135,7 +144,8 @@ class XLNet(PretrainedMixin, nn.Module):
     State-dict keys (XLNet's names, so that a Hugging Face checkpoint converts by renaming only):
     ``word_embedding.weight``, ``mask_emb`` (1, 1, D), ``layers.{l}.rel_attn.{q,k,v,o,r}`` (D, H, Dh),
     ``layers.{l}.rel_attn.{r_w_bias,r_r_bias,r_s_bias}`` (H, Dh), ``layers.{l}.rel_attn.seg_embed`` (2, H, Dh),
-    ``layers.{l}.rel_attn.layer_norm.*``, ``layers.{l}.ff.{layer_1,layer_2,layer_norm}.*``, ``lm_head.bias`` (V,).
+    ``layers.{l}.rel_attn.layer_norm.*``, ``layers.{l}.ff.{layer_1,layer_2,layer_norm}.*``, ``final_norm.*``
+    (pre-LN only), ``lm_head.bias`` (V,).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -151,6 +161,7 @@ class XLNet(PretrainedMixin, nn.Module):
         self.word_embedding = nn.Embedding(config.vocab_size, D)
         self.mask_emb = nn.Parameter(torch.empty(1, 1, D))  # the query stream's input: the trainable vector w
         self.layers = nn.ModuleList(XLNetLayer(config) for _ in range(config.n_layers))
+        self.final_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.dropout = Dropout(config.dropout)
         self.lm_head = XLNetLMHead(config.vocab_size)
         self.reset_parameters()
@@ -289,7 +300,8 @@ class XLNet(PretrainedMixin, nn.Module):
             target_mapping: (B, N, T) float, row n one-hot at the position of the n-th prediction: runs the query
                 stream (N queries starting from ``mask_emb``).
             use_mems: return the new memory (``XLNetOutput.mems``).
-            output_hidden_states: return the content stream's input to every layer and the last output.
+            output_hidden_states: return the content stream's input to every layer and the last output (after
+                the final LayerNorm with pre-LN).
             output_attentions: return the content stream's attention weights of every layer.
             return_logits: "content" or "query": also run the tied LM head (``lm_logits``) on that stream's final
                 states, inside this forward, so that an objective calls the model once as a whole (under
@@ -343,6 +355,9 @@ class XLNet(PretrainedMixin, nn.Module):
                                   target_mapping=target_mapping, need_weights=need_weights)
             if attentions is not None:
                 attentions.append(weights)
+        if self.final_norm is not None:  # pre-LN: one closing LayerNorm for both streams, after every memory is cut
+            h = self.final_norm(h)
+            g = None if g is None else self.final_norm(g)
         if hidden_states is not None:
             hidden_states.append(h)
         h = self.dropout(h)

@@ -125,6 +125,10 @@ class RelativeMultiHeadAttention(nn.Module):
     2.5: e_0 / e_1 for a pair in the same / different segments). Then masked softmax, attention dropout, the weighted
     values, and XLNet's post-attention: output projection, dropout, residual, LayerNorm.
 
+    ``norm_first=True`` is the pre-LN form (Transformer-XL's ``pre_lnorm``): the same LayerNorm is applied to the
+    queries' stream and to every key/value position, memory included (``LN([SG(mems); h])``: the memory stays the
+    layer's raw input), and the output is ``x + Dropout(o)`` with no LayerNorm after.
+
     Two-stream attention (Yang et al. 2019, section 2.3): the query stream ``g`` has its own queries (g W_q) but
     attends the SAME keys, values and positions as the content stream ``h``; the two differ by their masks, which
     the caller builds from the factorisation order (the content stream may see its own position, the query stream
@@ -151,6 +155,7 @@ class RelativeMultiHeadAttention(nn.Module):
         attn_dropout: float | None = None,
         segments: bool = False,
         layer_norm_eps: float = 1e-12,
+        norm_first: bool = False,
     ) -> None:
         """
         Args:
@@ -161,6 +166,7 @@ class RelativeMultiHeadAttention(nn.Module):
             attn_dropout: on the attention weights; default ``dropout`` (XLNet uses one rate for both).
             segments: add XLNet's relative segment term (``r_s_bias``, ``seg_embed``; forward takes ``seg_mat``).
             layer_norm_eps: epsilon of the LayerNorm (XLNet: 1e-12).
+            norm_first: pre-LN (LayerNorm on the attention's inputs, none on its output) instead of post-LN.
         """
         super().__init__()
         if d_head is None:
@@ -176,6 +182,7 @@ class RelativeMultiHeadAttention(nn.Module):
                 raise LmforgeError(f"{name} must be in [0, 1); got {p}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
         self.dropout, self.attn_dropout, self.segments = dropout, attn_dropout, segments
+        self.norm_first = norm_first
         shape = (d_model, n_heads, d_head)
         self.q = nn.Parameter(torch.empty(shape))  # W_q
         self.k = nn.Parameter(torch.empty(shape))  # W_k (content keys)
@@ -223,9 +230,10 @@ class RelativeMultiHeadAttention(nn.Module):
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, K)
 
     def _post(self, x: Tensor, vec: Tensor) -> Tensor:
-        # vec (B, H, L, Dh) -> projected, dropout, residual x (B, L, D), LayerNorm.
+        # vec (B, H, L, Dh) -> projected, dropout, residual x (B, L, D), LayerNorm (post-LN only).
         out = torch.einsum("bhle,dhe->bld", vec, self.o)  # (B, L, D)
-        return self.layer_norm(dropout(out, self.dropout, self.training) + x)
+        out = dropout(out, self.dropout, self.training) + x
+        return out if self.norm_first else self.layer_norm(out)
 
     def forward(
         self,
@@ -292,9 +300,13 @@ class RelativeMultiHeadAttention(nn.Module):
         def heads(x: Tensor, w: Tensor) -> Tensor:
             return torch.einsum("bld,dhe->bhle", x, w)  # (B, L, D) -> (B, H, L, Dh)
 
+        q_in = h
+        if self.norm_first:  # pre-LN: the LayerNorm on every key/value position (token-wise), the queries among them
+            cat = self.layer_norm(cat)  # (B, K, D)
+            q_in = cat[:, K - T:]  # (B, T, D) LN(h)
         k, v = heads(cat, self.k), heads(cat, self.v)  # (B, H, K, Dh)
         k_r = heads(r.to(h.dtype), self.r)  # (B|1, H, R, Dh)
-        vec_h, weights_h = self._attend(heads(h, self.q), k, v, k_r, seg, allowed_h)
+        vec_h, weights_h = self._attend(heads(q_in, self.q), k, v, k_r, seg, allowed_h)
         output_h = self._post(h, vec_h)  # (B, T, D)
         output_g = weights_g = None
         if g is not None:
@@ -305,7 +317,7 @@ class RelativeMultiHeadAttention(nn.Module):
                 N = target_mapping.shape[1]
                 self._check("g", g, (B, N, D), f"(batch={B}, predictions={N}, d_model={D}) like target_mapping")
             allowed_g = self._check_mask("attn_mask_g", attn_mask_g, B, T, K)
-            q_g = heads(g, self.q)  # (B, H, N, Dh)
+            q_g = heads(self.layer_norm(g) if self.norm_first else g, self.q)  # (B, H, N, Dh)
             if target_mapping is not None:
                 q_g = torch.einsum("bhne,bnt->bhte", q_g, target_mapping.to(q_g.dtype))  # (B, H, T, Dh)
             vec_g, weights_g = self._attend(q_g, k, v, k_r, seg, allowed_g)  # (B, H, T, Dh)
@@ -318,4 +330,4 @@ class RelativeMultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}, dropout={self.dropout}, "
-                f"attn_dropout={self.attn_dropout}, segments={self.segments}")
+                f"attn_dropout={self.attn_dropout}, segments={self.segments}, norm_first={self.norm_first}")

@@ -19,7 +19,8 @@ class XLNetConfig(ModelConfig):
     states each layer keeps as memory for the next segment (None: all of them); ``clamp_len``: relative distances
     beyond it use its encoding (None: no clamping); ``same_length`` ("uni" only): every query sees the same number
     of keys; ``lm_stream``: the stream whose states predict the next token in generation, "query" (XLNet's PLM
-    trains it) or "content" (Transformer-XL's causal LM, objective txl).
+    trains it) or "content" (Transformer-XL's causal LM, objective txl). ``norm_first`` (shared): pre-LN layers and a
+    final LayerNorm on both streams (the paper's and Hugging Face's XLNet are post-LN).
     """
 
     arch: str = "xlnet"
@@ -46,11 +47,11 @@ class XLNetConfig(ModelConfig):
         if self.same_length and self.attn_type != "uni":
             problems.append("same_length=true shapes the causal mask of attn_type='uni'; with attn_type="
                             f"{self.attn_type!r} it would do nothing: unset it")
-        if not self.bias or self.ffn != "mlp" or self.norm_first:
-            # XLNet's layers (relative attention, its own FFN, post-LN as the paper's) have none of these variants yet:
-            # refused rather than silently ignored
-            problems.append(f"bias={self.bias}, ffn={self.ffn!r}, norm_first={self.norm_first}: XLNet's layers have no "
-                            "bias-free, gated or pre-LN variant yet; keep bias=true, ffn='mlp', norm_first=false")
+        if not self.bias or self.ffn != "mlp":
+            # XLNet's layers (relative attention, its own FFN) have neither variant yet: refused rather than silently
+            # ignored (norm_first, pre-LN, they have)
+            problems.append(f"bias={self.bias}, ffn={self.ffn!r}: XLNet's layers have no bias-free or gated variant "
+                            "yet; keep bias=true, ffn='mlp'")
         if isinstance(self.d_model, int) and self.d_model % 2:
             problems.append(f"XLNet's relative position encodings pair sines and cosines: d_model={self.d_model} "
                             "must be even")
