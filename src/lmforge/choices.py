@@ -58,6 +58,7 @@ INPUT_FORMATS = ("auto", "bert", "gpt")
 LONG_TEXT = ("truncate", "head-tail", "chunks")
 TAG_SCHEMES = ("BIO", "IOB1", "BIOES")
 WORD_POOLINGS = ("first", "mean")
+SEQUENCE_POOLINGS = ("cls", "mean")  # --task.pooling: the pooled [CLS] output, or the mean of the final states
 SPAN_POOLINGS = ("mean", "attention")
 
 # static embeddings (lmforge.embeddings.word2vec): the reference per-pair loop or the batched approximation

@@ -16,6 +16,7 @@ from lmforge.choices import (
     PARALLELS,
     PRECISIONS,
     SCHEDULES,
+    SEQUENCE_POOLINGS,
     SPAN_POOLINGS,
     TAG_SCHEMES,
     TASKS,
@@ -347,6 +348,7 @@ class TaskConfig:
     scheme: str = "auto"
     subwords: str = "first"
     word_pooling: str = "first"
+    pooling: str = "cls"  # sequence / pair: classify the pooled [CLS] output or the mean of the final states
     max_span_width: int = 8
     span_pooling: str = "mean"
     doc_stride: int = 128
@@ -376,6 +378,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         problems = []
         for name, choices in (("task", TASKS), ("long_text", LONG_TEXT), ("word_pooling", WORD_POOLINGS),
+                              ("pooling", SEQUENCE_POOLINGS),
                               ("span_pooling", SPAN_POOLINGS), ("scheme", SCHEMES), ("subwords", ("first", "all")),
                               ("span_features", ("lecture", "width")), ("span_decoding", ("flat", "nested")),
                               ("input_format", INPUT_FORMATS)):
@@ -401,6 +404,9 @@ class TaskConfig:
         if self.lm_weight is not None and not (self.lm_weight >= 0 and math.isfinite(self.lm_weight)):
             problems.append(f"lm_weight={self.lm_weight} must be a finite number >= 0 (0 turns the auxiliary LM loss "
                             "off)")
+        if self.pooling != "cls" and self.task not in ("sequence", "pair"):
+            problems.append(f"pooling={self.pooling!r} chooses what a sequence or pair classifier reads; task "
+                            f"{self.task!r} has its own pooling (word_pooling, span_pooling)")
         if self.symmetric and self.task != "pair":
             problems.append("symmetric=true encodes a PAIR in both orders (similarity tasks); it needs task='pair'")
         if self.gradual_unfreezing and self.freeze != "none":

@@ -70,6 +70,8 @@ class TaskModel(PretrainedMixin, nn.Module):
             # tokens) is handed the backbone, so that one call of the whole module runs the step
             return self.head(self.backbone, input_ids, **inputs, **head_inputs)
         out = self.backbone(input_ids, **inputs)
+        if getattr(self.head, "wants_attention_mask", False):  # a head that pools over the real tokens
+            head_inputs["attention_mask"] = attention_mask
         result = self.head(out, **head_inputs)
         if not return_lm_loss:
             return result

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.choices import SEQUENCE_POOLINGS
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -51,30 +52,38 @@ class SequenceClassificationHead(nn.Module):
         combine_windows: how the rows of one document are combined: "mean_logits" (the windows of a long text)
             or "sum_states" (the representations are added before the classifier: GPT-1's similarity, one row
             per order of the pair).
+        pooling: "cls" classifies the backbone's ``pooled_output`` (BERT's pooler over h_[CLS]); "mean" the mean of
+            the final states over the real tokens (Reimers and Gurevych 2019), which an encoder pretrained by MLM
+            alone has trained at every position, where its [CLS] state and pooler never received a gradient.
     """
 
     def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1,
-                 init_std: float | None = 0.02, combine_windows: str = "mean_logits") -> None:
+                 init_std: float | None = 0.02, combine_windows: str = "mean_logits", pooling: str = "cls") -> None:
         super().__init__()
         if combine_windows not in ("mean_logits", "sum_states"):
             raise LmforgeError(f"combine_windows={combine_windows!r} is not one of mean_logits, sum_states")
-        self.combine_windows = combine_windows
+        if pooling not in SEQUENCE_POOLINGS:
+            raise LmforgeError(f"pooling={pooling!r} is not one of {', '.join(SEQUENCE_POOLINGS)}")
+        self.combine_windows, self.pooling = combine_windows, pooling
+        self.wants_attention_mask = pooling == "mean"  # TaskModel hands the head the attention mask
         if not regression and len(labels) < 2:
             raise LmforgeError(f"classification needs at least 2 labels, got {labels}; for a numeric target use "
                                "float labels (regression)")
         self.labels, self.regression = list(labels), regression
-        self.reads_pooled_only = True  # TaskModel: an encoder may compute its last layer at [CLS] alone
+        # TaskModel: an encoder may compute its last layer at [CLS] alone when only its pooled output is read
+        self.reads_pooled_only = pooling == "cls"
         self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
         if init_std is not None:
             nn.init.normal_(self.classifier.weight, std=init_std)
             nn.init.zeros_(self.classifier.bias)
 
-    def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None
-                ) -> SequenceClassificationOutput:
-        """``out``: the backbone's output (``pooled_output`` (R, D)); ``labels`` (B,) class ids or float targets;
-        ``doc_index`` (R,) the document of each row (default: one row per document)."""
-        pooled = out.pooled_output  # (R, D)
+    def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> SequenceClassificationOutput:
+        """``out``: the backbone's output (``pooled_output`` (R, D), or ``last_hidden_state`` (R, T, D) with pooling
+        "mean"); ``labels`` (B,) class ids or float targets; ``doc_index`` (R,) the document of each row (default: one
+        row per document); ``attention_mask`` (R, T) 1 = real token (pooling "mean"; None: every position)."""
+        pooled = out.pooled_output if self.pooling == "cls" else mean_states(out.last_hidden_state, attention_mask)
         if doc_index is not None and self.combine_windows == "sum_states":
             pooled, doc_index = sum_rows(pooled, doc_index), None  # (B, D)
         logits = self.classifier(self.dropout(pooled))  # (R, C)
@@ -141,8 +150,16 @@ def pool_rows(row_logits: Tensor, doc_index: Tensor) -> Tensor:
     return sums / counts[:, None]
 
 
+def mean_states(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """(R, D): the mean of ``hidden`` (R, T, D) over the positions where ``attention_mask`` (R, T) is 1."""
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (R, T, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+
 def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: list[str], regression: bool = False,
-                        dropout: float | None = None, combine_windows: str = "mean_logits"
+                        dropout: float | None = None, combine_windows: str = "mean_logits", pooling: str = "cls"
                         ) -> SequenceClassificationHead:
     """The head for ``backbone`` (of family ``config.arch``), initialised as the family initialises its own weights.
 
@@ -159,6 +176,9 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
                            f"does not have; use a family that has one: {choices} (a BERT checkpoint is an "
                            "encoder)")
     if family.concat_pooling:  # ULMFiT: [h_T; max; mean] under two batch-normed linear blocks
+        if pooling != "cls":
+            raise LmforgeError(f"--task.pooling={pooling}: an AWD-LSTM is classified from its concat pooling [h_T; "
+                               "max; mean] (ULMFiT), which already holds the mean; leave pooling at cls")
         if combine_windows != "mean_logits":
             raise LmforgeError("symmetric pairs add two representations, which ULMFiT's batch-normed classifier "
                                "does not take; leave --task.symmetric off for an AWD-LSTM")
@@ -169,4 +189,4 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
     return SequenceClassificationHead(config.d_model, labels, regression=regression,
                                       dropout=config.dropout if dropout is None else dropout,
                                       init_std=config.init_std if family.uses_init_std else None,
-                                      combine_windows=combine_windows)
+                                      combine_windows=combine_windows, pooling=pooling)

@@ -43,7 +43,7 @@ def _sort_labels(labels: set[str]) -> list[str]:
 class SequenceTask(Task):
     head_type = "sequence_classification"
     options = ("text_column", "text_pair_column", "label_column", "long_text", "head_tokens", "max_chunks",
-               "symmetric")
+               "symmetric", "pooling")
     loss_name = "cls"
 
     def __init__(self, config, labels=None, regression: bool = False) -> None:
@@ -63,6 +63,8 @@ class SequenceTask(Task):
         options: dict[str, Any] = {"labels": self.labels, "regression": self.regression}
         if self.config.symmetric:  # both orders' representations are added (GPT-1's similarity)
             options["combine_windows"] = "sum_states"
+        if self.config.pooling != "cls":  # the mean of the final states (absent from older folders: cls)
+            options["pooling"] = self.config.pooling
         return options
 
     @classmethod

@@ -96,7 +96,8 @@ class PretrainSpec:
     ``model``, ``data``, ``loss`` and ``train`` override the preset's ``ModelConfig``, the ``DataConfig``
     (``seq_len``, masking, ...), the objective's loss options (ELECTRA's ``rtd_weight`` ...) and the ``TrainConfig``
     (``max_steps``, ``batch_size``, ``lr``, ...) of the pretraining run; ``train = {budget = "3m"}`` (or
-    ``"2Mtok"``) gives every model the same training time or tokens instead of a step count.
+    ``"2Mtok"``) gives every model the same training time or tokens instead of a step count. ``dropout_off``
+    pretrains without dropout (the folder keeps the preset's rates, so fine-tuning has them back).
     """
 
     name: str = ""
@@ -106,6 +107,7 @@ class PretrainSpec:
     data: dict[str, Any] = field(default_factory=dict)
     loss: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    dropout_off: bool = False  # pretrain without dropout; the saved folder keeps its rates for fine-tuning (Cramming)
 
     def __post_init__(self) -> None:
         from lmforge.recipes.pretrain import PretrainRun

@@ -68,9 +68,9 @@ def _changed_tables(before: Any, after: Any) -> list[str]:
 
 
 def _settings(table: dict[str, Any]) -> dict[str, Any]:
-    """A [[pretrain]] table as compared on resume: an empty ``loss`` (a key added in 0.2, empty in every folder an
-    older release wrote) is the same as none."""
-    return {k: v for k, v in table.items() if not (k == "loss" and not v)}
+    """A [[pretrain]] table as compared on resume: an empty ``loss`` and a false ``dropout_off`` (keys added after
+    0.1, at those values in every folder an older release wrote) are the same as none."""
+    return {k: v for k, v in table.items() if not (k in ("loss", "dropout_off") and not v)}
 
 
 def _describe_change(key: str, before: Any, after: Any) -> str:

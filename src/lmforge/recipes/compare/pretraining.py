@@ -71,7 +71,7 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
                      where=f"{where}: data")
     train = from_dict(TrainConfig, {"seed": seed, "log_every": 10, **spec.train}, where=f"{where}: train")
     run = PretrainRun(preset=spec.preset, out=str(out), model=dict(spec.model), data=data, loss=dict(spec.loss),
-                      train=train)
+                      train=train, dropout_off=spec.dropout_off)
     start = time.perf_counter()
     level = log.level
     log.setLevel(logging.WARNING)
