@@ -122,6 +122,8 @@ def lr_of(key: str, args: argparse.Namespace) -> float:
 def pretrain(work: Path, key: str, out: Path, steps: int, args: argparse.Namespace, log_every: int,
              save_every: int) -> int:
     preset, objective, extra = MODELS[key]
+    if key == "txl" and args.txl_norm_first:  # pre-LN with a final LayerNorm (issue 36), as GPT is
+        extra = [*extra, "--model.norm_first=true"]
     return lmforge(["pretrain", "--preset", preset, "--objective", objective, "--input", str(work / "shards-train"),
                     "--out", str(out), "--max-steps", str(steps), "--batch-size", str(args.batch_size),
                     "--seq-len", str(args.seq_len), "--lr", str(lr_of(key, args)), "--eval-every", "0",
@@ -290,6 +292,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--txl-lr", type=float, default=None, help="Transformer-XL's own peak lr (default: --lr)")
+    parser.add_argument("--txl-norm-first", action="store_true",
+                        help="Transformer-XL pre-LN with a final LayerNorm (--model.norm_first=true), as GPT is")
+    parser.add_argument("--result", default="", help="the result file's name under benchmarks/results (default: "
+                                                     "txl.json, txl-quick.json with --quick)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--mems", default="0,64,256,512", help="Transformer-XL evaluation memories")
     parser.add_argument("--stride", type=int, default=16, help="GPT sliding-window stride")
@@ -308,7 +314,7 @@ def main() -> None:
     if args.fresh:
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
-    result_path = HERE / "results" / ("txl-quick.json" if args.quick else "txl.json")
+    result_path = HERE / "results" / (args.result or ("txl-quick.json" if args.quick else "txl.json"))
     result: dict[str, Any] = {"machine": machine_description(),
                               "command": reproduce_command(__file__, sys.argv[1:]),
                               "settings": {k: v for k, v in vars(args).items() if k != "fresh"}}

@@ -141,3 +141,20 @@ def test_resuming_an_old_folder_treats_the_new_setup_keys_as_their_defaults(tmp_
     assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--resume"]) == 0
     config.write_text(text.replace("test_fraction = 0.25\n", "test_fraction = 0.25\ndev_fraction = 0.2\n"))
     assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--resume"]) == 2  # a changed split
+
+
+def test_a_test_file_of_its_own_keeps_all_of_data_for_training_and_dev(tmp_path):
+    data = write_sequence(tmp_path / "data.csv", 40, 0)
+    test = write_sequence(tmp_path / "test.csv", 12, 5)
+    values = {"data": str(data), "test_data": str(test), "dev_fraction": 0.25,
+              "approach": [{"name": "a", "model": "bert-tiny"}]}
+    split = split_data(compare_config(values, "t"), tmp_path / "out")
+    assert len(split.test) == 12 and sorted(split.train + split.dev) == list(range(40)) and len(split.dev) == 10
+    written = [r["text"] for r in csv.DictReader(split.test_file.open())]
+    assert written == [r["text"] for r in csv.DictReader(open(test))]
+    with pytest.raises(LmforgeError, match="BBC corpus is split by test_fraction"):
+        compare_config({**values, "data": "bbc"}, "t")
+    other = tmp_path / "other.csv"
+    other.write_text("text,label\nsome words here,zzz\n", encoding="utf-8")
+    with pytest.raises(LmforgeError, match="label\\(s\\) zzz never occur"):
+        split_data(compare_config({**values, "test_data": str(other)}, "t"), tmp_path / "out2")

@@ -137,6 +137,9 @@ class CompareConfig:
     test_fraction: float = 0.2
     split_seed: int = 0
     max_test: int = 0
+    # a test set of its own (a file, as data, e.g. TREC's 500 questions): data is then all training split, and
+    # test_fraction is not used
+    test_data: str = ""
     # a dev split carved from the training split (stratified, split_seed) before the subsets are drawn: approaches
     # with a grid choose their settings on it; it is never trained on (no subset, tokenizer, vector or pretraining
     # sees it). max_dev caps it, class-balanced, as max_test caps the test split.
@@ -159,6 +162,9 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if not self.approach:
             raise LmforgeError("the config lists no [[approach]]")
+        if self.test_data and self.data == "bbc":
+            raise LmforgeError("test_data names the test file of a data file; the BBC corpus is split by "
+                               "test_fraction (leave test_data out)")
         if not 0.0 <= self.dev_fraction < 1.0 or self.max_dev < 0:
             raise LmforgeError(f"dev_fraction={self.dev_fraction} must be in [0, 1) and max_dev={self.max_dev} >= 0")
         tuned = [a.name for a in self.approach if a.grid]

@@ -18,9 +18,9 @@ from lmforge.errors import LmforgeError
 from lmforge.recipes.compare.config import CompareConfig
 
 
-def load_labelled(config: CompareConfig) -> list[tuple[str, str]]:
-    """(text, label) pairs: the BBC topics, or a CSV/TSV/JSONL file."""
-    if config.data == "bbc":
+def load_labelled(config: CompareConfig, path: str | None = None) -> list[tuple[str, str]]:
+    """(text, label) pairs: the BBC topics, or a CSV/TSV/JSONL file (``path``, default ``config.data``)."""
+    if path is None and config.data == "bbc":
         from lmforge.data.corpora import bbc_news_dir
         from lmforge.data.text import decode_utf8
 
@@ -29,10 +29,11 @@ def load_labelled(config: CompareConfig) -> list[tuple[str, str]]:
                 for topic in sorted(p for p in root.iterdir() if p.is_dir()) for f in sorted(topic.glob("*.txt"))]
     from lmforge.data.readers import read_classification
 
-    data = read_classification(config.data, text_column=config.text_column, label_column=config.label_column,
+    path = config.data if path is None else path
+    data = read_classification(path, text_column=config.text_column, label_column=config.label_column,
                                pair=False)
     if data.kind != "classification":
-        raise LmforgeError(f"{config.data}: compare needs class labels, not numbers")
+        raise LmforgeError(f"{path}: compare needs class labels, not numbers")
     return [(e.text, str(e.label)) for e in data.examples]
 
 
@@ -95,8 +96,18 @@ def split_data(config: CompareConfig, data_dir: Path) -> Split:
     from lmforge.data.readers import stratified_split
 
     pairs = load_labelled(config)
+    if config.test_data:  # a test set of its own: every example of data trains (or is dev)
+        train_idx = list(range(len(pairs)))
+        test_pairs = load_labelled(config, config.test_data)
+        unseen = sorted({label for _, label in test_pairs} - {label for _, label in pairs})
+        if unseen:
+            raise LmforgeError(f"test_data {config.test_data}: label(s) {', '.join(unseen)} never occur in the "
+                               f"training data {config.data}")
+        test_idx = list(range(len(pairs), len(pairs) + len(test_pairs)))
+        pairs = pairs + test_pairs
     labels = [label for _, label in pairs]
-    train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
+    if not config.test_data:
+        train_idx, test_idx = stratified_split(labels, config.test_fraction, config.split_seed)
     n_classes = len(set(labels))
     if config.max_test and len(test_idx) > config.max_test:  # a smaller, still class-balanced test set (the demo)
         test_idx = subset(test_idx, labels, max(1, config.max_test // n_classes), config.split_seed)

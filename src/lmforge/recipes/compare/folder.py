@@ -32,9 +32,10 @@ log = logging.getLogger("lmforge")
 
 SETUP_KEYS = ("data", "text_column", "label_column", "test_fraction", "split_seed", "max_test", "tokenizer",
               "vocab_size", "pretrained", "max_length", "vectors_dim", "vectors_epochs", "glove_epochs",
-              "vectors_window", "pretrain", "dev_fraction", "max_dev")
+              "vectors_window", "pretrain", "dev_fraction", "max_dev",
+              "test_data")
 # setup keys added after 0.1: a folder saved before them was run at these values
-LATER_SETUP_DEFAULTS = {"dev_fraction": 0.0, "max_dev": 0}
+LATER_SETUP_DEFAULTS = {"dev_fraction": 0.0, "max_dev": 0, "test_data": ""}
 CONFIG_NAME, RUNS_NAME = "compare-config.json", "runs.jsonl"
 VECTORS_NAME, PRETRAINED_NAME = "vectors.json", "pretrained.json"  # {name: seconds} of what was trained once
 
