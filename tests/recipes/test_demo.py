@@ -35,11 +35,13 @@ class _Stats:
 
 
 class _Run:
+    preset, model, dropout_off = "bert-mini", {"norm_first": True}, True
+
     class train:  # noqa: N801 (stands in for a TrainConfig)
-        max_steps, batch_size = 300, 32
+        max_steps, batch_size, budget = 0, 32, "3m"
 
     class data:  # noqa: N801
-        seq_len = 64
+        seq_len, objective, mask_prob = 64, "mlm", 0.4
 
     def __init__(self, out: Path) -> None:
         self.out = str(out / "bert-mini")
@@ -62,9 +64,10 @@ def test_lmforge_demo_runs_the_steps_in_order_and_prints_them(tmp_path, monkeypa
         [("Hello there.", ["[CLS]", "hello", "there", ".", "[SEP]"])]))
     step("prepare_shards", lambda tok, files, out: demo.Shards(out / "bbc-shards", {
         "documents": 1780, "sentences": 35242, "tokens": 921818}, 2.4))
-    step("build_pretraining", lambda shards, out, n: demo.Pretraining(_Run(out), None))
-    step("pretrain", lambda p: demo.Pretrained(p.folder, {"eval_mlm_accuracy": 0.0, "eval_nsp_accuracy": 0.5},
-                                               {"eval_mlm_accuracy": 0.048, "eval_nsp_accuracy": 0.449}, 2.5))
+    step("build_pretraining", lambda shards, out: demo.Pretraining(_Run(out), None))
+    step("pretrain", lambda p: demo.Pretrained(
+        p.folder, {"eval_mlm_accuracy": 0.0, "eval_mlm_constant_accuracy": 0.05, "eval_token_cosine": 0.4},
+        {"eval_mlm_accuracy": 0.112, "eval_mlm_constant_accuracy": 0.05, "eval_token_cosine": 0.2}, 3.0))
 
     config = SimpleNamespace(approach=[1, 2, 3], sizes=[10, 50], seeds=[0, 1], out=str(out / "compare"))
     step("comparison_config", lambda path, out, tok, pretrained: steps.append((tok.name, pretrained.name)) or config)
@@ -72,7 +75,7 @@ def test_lmforge_demo_runs_the_steps_in_order_and_prints_them(tmp_path, monkeypa
     md.write_text("| the table |\n", encoding="utf-8")
     step("compare", ({"md": md, "csv": Path("c.csv"), "png": Path("c.png")}, 7.5))
 
-    assert main(["demo", "--out", str(out), "--vocab-size", "500", "--steps", "300"]) == 0
+    assert main(["demo", "--out", str(out), "--vocab-size", "500"]) == 0
     assert steps == ["training_split", "read_training_texts", "replace_demo_folder", "train_tokenizer",
                      "train_tokenizer", "prepare_shards", "build_pretraining", "pretrain", "comparison_config",
                      ("tokenizer-bpe-count", "bert-mini"), "compare"]
@@ -91,11 +94,13 @@ def test_lmforge_demo_runs_the_steps_in_order_and_prints_them(tmp_path, monkeypa
 
 == shards: 1,780 documents, 35,242 sentences, 921,818 tokens in 2.4 s -> {out}/bbc-shards
 
-== pretraining bert-mini (MLM + NSP, 300 steps of 32 x 64) -> {out}/bert-mini
+== pretraining bert-mini (objective mlm, mask rate 0.4, pre-LN, no dropout while pretraining; a budget of 3m, \
+batches of 32 x 64) -> {out}/bert-mini
 
-   held-out documents      before    after (2.5 min)
-   MLM accuracy              0.000    0.048
-   NSP accuracy              0.500    0.449
+   held-out documents      before    after (3.0 min)
+   MLM accuracy              0.000    0.112
+     best constant guess     0.050    0.050
+   token-state cosine        0.400    0.200
    loss curve: {out}/bert-mini/loss_curve.png; metrics: {out}/bert-mini/metrics.jsonl; model: {out}/bert-mini \
 (loads with lmforge.load_pretrained, `lmforge embed --model {out}/bert-mini`)
 
@@ -117,3 +122,19 @@ def test_python_m_lmforge_demo_still_answers():
         assert option in result.stdout
     bad = subprocess.run([sys.executable, "-m", "lmforge.demo", "--steps", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--steps" in bad.stderr
+
+
+def test_the_demo_pretrains_with_the_small_budget_recipe(tmp_path, monkeypatch):
+    import lmforge.recipes.pretrain as pretrain
+
+    monkeypatch.setattr(pretrain, "build_trainer", lambda run, overwrite: None)
+    shards = demo.Shards(tmp_path / "shards", {}, 0.0)
+    made = demo.build_pretraining(shards, tmp_path)
+    run = made.run
+    assert run.data.path == str(tmp_path / "shards") and run.out == str(tmp_path / "bert-mini")
+    assert run.data.objective == "mlm" and run.data.mask_prob == 0.4 and run.dropout_off
+    assert run.model["norm_first"] is True and run.train.budget == "3m" and run.train.eval_every == 100
+    assert demo.build_pretraining(shards, tmp_path, budget="5m").run.train.budget == "5m"
+    counted = demo.build_pretraining(shards, tmp_path, steps=40).run.train
+    assert counted.budget == "" and counted.max_steps == 40 and counted.eval_every == 10
+    assert made.describe().startswith("bert-mini (objective mlm, mask rate 0.4, pre-LN, no dropout")

@@ -22,8 +22,11 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="output folder (replaced by each demo run; a folder the demo did not make is refused)")
     p.add_argument("--vocab-size", type=Count(1), default=8000, metavar="N",
                    help="the vocabulary size of both tokenizers")
-    p.add_argument("--steps", type=Count(1), default=300, metavar="N",
-                   help="pretraining steps (about 0.5 s each on 2 cores)")
+    p.add_argument("--pretrain-config", default=str(demo.DEFAULT_RECIPE), metavar="FILE",
+                   help="the pretraining recipe's TOML (the small-budget recipe of issue 36)")
+    p.add_argument("--budget", metavar="TIME|TOKENS", help="the pretraining's budget, e.g. 3m or 600ktok (default: "
+                                                           "the recipe's)")
+    p.add_argument("--steps", type=Count(1), metavar="N", help="pretrain this many steps instead of a budget")
     p.add_argument("--compare-config", default=str(demo.DEFAULT_COMPARE), metavar="FILE",
                    help="the comparison's TOML")
 
@@ -43,9 +46,7 @@ def _show_shards(shards: demo.Shards) -> None:
 
 
 def _show_pretraining(pretraining: demo.Pretraining) -> None:
-    run = pretraining.run
-    print(f"\n== pretraining bert-mini (MLM + NSP, {run.train.max_steps} steps of {run.train.batch_size} x "
-          f"{run.data.seq_len}) -> {run.out}")
+    print(f"\n== pretraining {pretraining.describe()} -> {pretraining.run.out}")
 
 
 def _show_pretrained(pretrained: demo.Pretrained) -> None:
@@ -77,7 +78,10 @@ def run_demo(args: argparse.Namespace) -> int:
     tokenizer_dir = tokenizers[demo.PRETRAINING_TOKENIZER].folder
     shards = demo.prepare_shards(tokenizer_dir, train_files, out)
     _show_shards(shards)
-    pretraining = demo.build_pretraining(shards, out, args.steps)
+    if args.budget and args.steps:
+        raise LmforgeError("--budget and --steps both set how long the demo pretrains: give one")
+    pretraining = demo.build_pretraining(shards, out, recipe=Path(args.pretrain_config), budget=args.budget,
+                                         steps=args.steps)
     _show_pretraining(pretraining)
     pretrained = demo.pretrain(pretraining)
     _show_pretrained(pretrained)

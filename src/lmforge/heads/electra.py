@@ -202,13 +202,13 @@ class ElectraPreTrainingHeads(nn.Module):
                                f"{type(discriminator).__name__} is not an lmforge Encoder; use an encoder preset "
                                "(e.g. electra-small)")
         tokens = embeddings.tokens.weight
-        _check_tied(config, tokens, "ElectraPreTrainingHeads")
+        _check_tied(config, tokens, "ElectraPreTrainingHeads", untied_ok=True)
         gen_config = generator_config(config)
         self.generator = Encoder(gen_config)
         for name in SHARED_EMBEDDINGS:  # the same modules: one set of parameters, two names in the state dict
             setattr(self.generator.embeddings, name, getattr(embeddings, name))
         self.mlm = MaskedLMHead(tokens, config.activation, config.layer_norm_eps, config.init_std,
-                                d_model=gen_config.d_model)
+                                d_model=gen_config.d_model, tied=config.tie_embeddings)
         self.rtd = ReplacedTokenDetectionHead(config.d_model, config.activation, config.init_std)
 
     def forward(self, discriminator: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,

@@ -60,20 +60,27 @@ class MaskedLMHead(nn.Module):
     but not saved by this module — its state dict holds ``dense.*``, ``norm.*`` and ``bias`` only, and loading one
     does not ask for the tied weight. Moving or casting the whole model keeps the tie (the parameter object is
     shared); replacing the embedding's parameter object (``load_state_dict(assign=True)``) needs a new head.
+
+    With ``tied=False`` the un-embedding is a (V, E) matrix of its own (``weight`` in the state dict, drawn from
+    N(0, init_std^2)): the input embeddings then learn only from the contexts their tokens appear in. Tied, every
+    softmax step moves the embedding of every token that is *not* the target towards -h, so the rare tokens, seldom
+    a target, drift together (the representation degeneration of Gao et al. 2019); after a short pretraining their
+    embeddings are more alike than at initialisation, which costs a topic classifier the words it needs.
     """
 
-    weight: nn.Parameter  # the tied (V, D) token embedding, not in the state dict
+    weight: nn.Parameter  # the tied (V, D) token embedding, not in the state dict (tied=False: its own, saved)
 
     def __init__(self, embedding_weight: nn.Parameter, activation: str = "gelu", layer_norm_eps: float = 1e-12,
-                 init_std: float = 0.02, d_model: int | None = None) -> None:
+                 init_std: float = 0.02, d_model: int | None = None, tied: bool = True) -> None:
         """
         Args:
-            embedding_weight: the (V, E) token embedding parameter to tie to.
+            embedding_weight: the (V, E) token embedding parameter to tie to (tied=False: its shape only).
             activation: name in ``lmforge.nn.feedforward.ACTIVATIONS`` (BERT: exact "gelu").
             layer_norm_eps: LayerNorm epsilon (BERT 1e-12).
             init_std: standard deviation of the dense weight's normal initialisation.
             d_model: the width D of the hidden states it reads, when it differs from E (ALBERT's factorised
                 embedding: the transform maps D -> E, as ALBERT's ``predictions.dense``); None: D = E.
+            tied: share ``embedding_weight`` (BERT); False: an un-embedding of its own.
         """
         super().__init__()
         if not isinstance(embedding_weight, nn.Parameter) or embedding_weight.dim() != 2:
@@ -86,12 +93,18 @@ class MaskedLMHead(nn.Module):
         self.activation = ACTIVATIONS[activation]
         self.dense = nn.Linear(E if d_model is None else d_model, E)
         self.norm = nn.LayerNorm(E, eps=layer_norm_eps)
-        self.weight = embedding_weight  # registered (so .to() and parameters() see it) but kept out of state_dict
+        self.tied = tied
+        if tied:  # registered (so .to() and parameters() see it) but kept out of state_dict
+            self.weight = embedding_weight
+        else:
+            self.weight = nn.Parameter(torch.empty(V, E, dtype=embedding_weight.dtype))
+            nn.init.normal_(self.weight, std=init_std)
         self.bias = nn.Parameter(torch.zeros(V))  # BERT's per-token output bias
         nn.init.normal_(self.dense.weight, std=init_std)
         nn.init.zeros_(self.dense.bias)
-        self.register_state_dict_post_hook(_drop_tied_weight)
-        self.register_load_state_dict_pre_hook(_supply_tied_weight)
+        if tied:
+            self.register_state_dict_post_hook(_drop_tied_weight)
+            self.register_load_state_dict_pre_hook(_supply_tied_weight)
 
     def forward(self, hidden: Tensor) -> Tensor:
         """
@@ -107,7 +120,8 @@ class MaskedLMHead(nn.Module):
     def extra_repr(self) -> str:
         V, E = self.weight.shape
         D = self.dense.in_features
-        return f"d_model={D}, embedding_size={E}, vocab_size={V}, activation={self.activation_name!r}, tied=True"
+        return (f"d_model={D}, embedding_size={E}, vocab_size={V}, activation={self.activation_name!r}, "
+                f"tied={self.tied}")
 
 
 def _drop_tied_weight(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
@@ -160,7 +174,7 @@ class BertPreTrainingHeads(nn.Module):
             embedding_weight: the encoder's token embedding parameter, ``encoder.get_input_embeddings().weight``.
         """
         super().__init__()
-        _check_tied(config, embedding_weight, "BertPreTrainingHeads")
+        _check_tied(config, embedding_weight, "BertPreTrainingHeads", untied_ok=True)
         self.mlm = _mlm_head(config, embedding_weight)
         self.nsp = NextSentenceHead(config.d_model, config.init_std)
 
@@ -222,10 +236,10 @@ def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
     return hidden[positions[:, 0], positions[:, 1]]  # (N, D)
 
 
-def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str) -> None:
-    if not config.tie_embeddings:
+def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str, untied_ok: bool = False) -> None:
+    if not config.tie_embeddings and not untied_ok:
         raise LmforgeError(f"{who} ties the un-embedding to the token embedding; tie_embeddings=False is not "
-                           "supported")
+                           "supported there (it is for the MLM heads: objectives mlm, mlm+nsp, mlm+sop, electra)")
     E = config.d_embedding
     if embedding_weight.dim() != 2 or tuple(embedding_weight.shape) != (config.vocab_size, E):
         raise LmforgeError(f"embedding_weight has shape {tuple(embedding_weight.shape)} but the config says "
@@ -235,7 +249,7 @@ def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str) -
 def _mlm_head(config: ModelConfig, embedding_weight: nn.Parameter) -> MaskedLMHead:
     """The MLM head of ``config`` (its transform maps d_model to the embedding width: ALBERT's factorisation)."""
     return MaskedLMHead(embedding_weight, config.activation, config.layer_norm_eps, config.init_std,
-                        d_model=config.d_model)
+                        d_model=config.d_model, tied=config.tie_embeddings)
 
 
 class MaskedLMHeads(nn.Module):
@@ -246,7 +260,7 @@ class MaskedLMHeads(nn.Module):
 
     def __init__(self, config: ModelConfig, embedding_weight: nn.Parameter) -> None:
         super().__init__()
-        _check_tied(config, embedding_weight, "MaskedLMHeads")
+        _check_tied(config, embedding_weight, "MaskedLMHeads", untied_ok=True)
         self.mlm = _mlm_head(config, embedding_weight)
 
     def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:

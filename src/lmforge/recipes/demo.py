@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from lmforge.tokenizers import WordPieceTokenizer
 
 DEFAULT_COMPARE = Path(__file__).resolve().parents[3] / "configs" / "compare-demo.toml"
+DEFAULT_RECIPE = Path(__file__).resolve().parents[3] / "configs" / "bert-mini-small-budget.toml"
 EXAMPLES = (
     "Quarterly profits at US media giant TimeWarner jumped 76% to $1.13bn.",
     "The Chancellor's pre-budget report promised unbelievably low inflation.",
@@ -53,8 +54,9 @@ MARKER = ".lmforge-demo"  # marks a folder that a demo run made, and that the ne
 # here), which makes pretraining sequences 3x longer for the same text; the model trains on the count-based one.
 TOKENIZER_ALGORITHMS = ("wordpiece", "bpe-count")
 PRETRAINING_TOKENIZER = "bpe-count"
-HELD_OUT_METRICS = (("eval_mlm_accuracy", "MLM accuracy"), ("eval_ppl_mlm", "MLM perplexity"),
-                    ("eval_nsp_accuracy", "NSP accuracy"))
+HELD_OUT_METRICS = (("eval_mlm_accuracy", "MLM accuracy"), ("eval_mlm_constant_accuracy", "  best constant guess"),
+                    ("eval_ppl_mlm", "MLM perplexity"), ("eval_nsp_accuracy", "NSP accuracy"),
+                    ("eval_token_cosine", "token-state cosine"))
 
 
 # ---------------------------------------------------------------------------------------------- 0. the data
@@ -161,6 +163,21 @@ class Pretraining:
     def folder(self) -> Path:
         return Path(self.run.out)
 
+    def describe(self) -> str:
+        """"bert-mini (objective mlm, mask rate 0.4, pre-LN, no dropout while pretraining; a budget of 3m, batches of
+        32 x 64)": what the run does, from its settings."""
+        from lmforge.config import model_config_from_preset
+
+        run = self.run
+        options = [f"objective {run.data.objective}", f"mask rate {run.data.mask_prob:g}"]
+        if model_config_from_preset(run.preset, **run.model).norm_first:
+            options.append("pre-LN")
+        if run.dropout_off:
+            options.append("no dropout while pretraining")
+        length = f"a budget of {run.train.budget}" if run.train.budget else f"{run.train.max_steps} steps"
+        return (f"{run.preset} ({', '.join(options)}; {length}, batches of {run.train.batch_size} x "
+                f"{run.data.seq_len})")
+
 
 @dataclass
 class Pretrained:
@@ -177,17 +194,27 @@ class Pretrained:
                 if key in self.before and key in self.after]
 
 
-def build_pretraining(shards: Shards, out: Path, steps: int, seq_len: int = 64) -> Pretraining:
-    """Step 3a: a bert-mini pretraining with BERT's recipe (MLM + NSP) on ``seq_len``-token pairs, batches of 32,
-    into ``out/bert-mini`` (evaluated four times on held-out documents)."""
-    from lmforge.config import DataConfig, TrainConfig
+def build_pretraining(shards: Shards, out: Path, *, recipe: Path = DEFAULT_RECIPE, budget: str | None = None,
+                      steps: int | None = None) -> Pretraining:
+    """Step 3a: a pretraining run of the small-budget recipe (``configs/bert-mini-small-budget.toml``: pre-LN, no
+    dropout while pretraining, MLM alone at a 40% mask rate, on 64-token blocks, batches of 32) on the shards, into
+    ``out/bert-mini``, for the recipe's time budget (``budget`` overrides it; ``steps`` trains that many steps
+    instead), evaluated four times on held-out documents."""
+    from lmforge.config import to_dict
     from lmforge.recipes.pretrain import PretrainRun, build_trainer
+    from lmforge.recipes.resolve import resolve
 
-    run = PretrainRun(
-        preset="bert-mini", out=str(out / "bert-mini"), model={"max_seq_len": seq_len},
-        data=DataConfig(path=str(shards.folder), objective="mlm+nsp", seq_len=seq_len),
-        train=TrainConfig(max_steps=steps, batch_size=32, lr=1e-3, warmup_ratio=0.1, eval_every=max(steps // 4, 1),
-                          eval_batches=8, log_every=10, save_every=0))
+    run = resolve(PretrainRun, config=str(recipe), flags={"out": str(out / "bert-mini"),
+                                                          "data.path": str(shards.folder)})
+    train = run.train
+    if steps is not None:
+        train.budget, train.max_steps = "", steps
+    elif budget is not None:
+        train.budget = budget
+    train.eval_batches, train.log_every, train.save_every = 8, 10, 0
+    # evaluated on held-out documents every 100 steps of a budget (a few times in 3 minutes), four times in a count
+    train.eval_every = 100 if train.budget else max(train.max_steps // 4, 1)
+    run = resolve(PretrainRun, defaults=to_dict(run), where=str(recipe))  # checked again with the changes
     return Pretraining(run, build_trainer(run, overwrite=True))
 
 
