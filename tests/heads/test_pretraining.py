@@ -137,8 +137,10 @@ def test_head_argument_checks() -> None:
     with pytest.raises(LmforgeError,
                        match=r"shape \(99, 12\) but the config says \(vocab_size=100, embedding width=12\)"):
         BertPreTrainingHeads(tiny_config(vocab_size=100), enc.get_input_embeddings().weight)
-    with pytest.raises(LmforgeError, match="tie_embeddings=False"):
-        BertPreTrainingHeads(tiny_config(tie_embeddings=False), enc.get_input_embeddings().weight)
+    from lmforge.heads.pretraining import SpanBertHeads
+
+    with pytest.raises(LmforgeError, match="tie_embeddings=False is not supported there"):
+        SpanBertHeads(tiny_config(tie_embeddings=False), enc.get_input_embeddings().weight)
     with pytest.raises(LmforgeError, match="nn.Parameter"):
         MaskedLMHead(torch.zeros(V, D))
     with pytest.raises(LmforgeError, match="unknown activation 'swish'"):
@@ -160,3 +162,27 @@ def test_bert_base_parameter_count_matches_hugging_face() -> None:
     n_ours = sum(p.numel() for p in ours.parameters())
     n_ref = sum(p.numel() for p in ref.parameters())
     assert n_ours == n_ref == 110_106_428
+
+
+def test_an_untied_mlm_head_has_its_own_saved_un_embedding_and_leaves_rare_embeddings_alone():
+    torch.manual_seed(0)
+    cfg = tiny_config(tie_embeddings=False)
+    enc = Encoder(cfg)
+    tokens = enc.get_input_embeddings().weight
+    heads = BertPreTrainingHeads(cfg, tokens)
+    assert heads.mlm.weight is not tokens and heads.mlm.weight.shape == tokens.shape and not heads.mlm.tied
+    assert "mlm.weight" in heads.state_dict() and "mlm.weight" not in BertPreTrainingHeads(
+        tiny_config(), tokens).state_dict()
+    model = TaskModel(enc, heads)
+    ids = torch.randint(0, V // 2, (B, T))  # tokens V/2.. never appear in the input
+    out = model(ids, masked_positions=torch.tensor([[0, 1], [1, 2]]))
+    torch.testing.assert_close(
+        out.mlm_logits, heads.mlm.norm(heads.mlm.activation(heads.mlm.dense(out.token_states[[0, 1], [1, 2]])))
+        @ heads.mlm.weight.T + heads.mlm.bias)
+    out.mlm_logits.logsumexp(-1).sum().backward()
+    assert tokens.grad[V // 2:].abs().sum() == 0  # untied: an absent token's embedding gets no gradient
+    assert heads.mlm.weight.grad[V // 2:].abs().sum() > 0  # its un-embedding row does
+    tied_enc = Encoder(tiny_config())
+    tied = TaskModel(tied_enc, BertPreTrainingHeads(tiny_config(), tied_enc.get_input_embeddings().weight))
+    tied(ids, masked_positions=torch.tensor([[0, 1]])).mlm_logits.logsumexp(-1).sum().backward()
+    assert tied_enc.get_input_embeddings().weight.grad[V // 2:].abs().sum() > 0  # tied: every row moves
