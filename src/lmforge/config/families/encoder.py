@@ -97,3 +97,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "electra-base": dict(arch="encoder", n_layers=12, d_model=768, n_heads=12, d_ff=3072, pooler=False,
                          generator_size=1 / 3),
 }
+
+# The small-budget shapes (issue 36; configs/*-small-budget.toml are their recipes): the same sizes, pre-LN with a
+# final LayerNorm (norm_first) and an MLM un-embedding of its own (tie_embeddings=false: a tied softmax drags the
+# embeddings of rare tokens together in a short pretraining, Gao et al. 2019). Measured one change at a time on a
+# dev split of BBC's training articles (BENCHMARKS.md, "Issue 36"); bias-free gated layers (Cramming) did not pay at
+# a few CPU-minutes and are left out. Fine-tune them with --task.pooling mean.
+SMALL_BUDGET = dict(norm_first=True, tie_embeddings=False)
+PRESETS.update({
+    "bert-mini-budget": {**PRESETS["bert-mini"], **SMALL_BUDGET},
+    "albert-mini-budget": {**PRESETS["albert-mini"], **SMALL_BUDGET},
+    # ELECTRA-Small cut to bert-mini's depth (4 layers of 256, 128-wide factorised embedding, a generator 1/4 wide)
+    "electra-mini-budget": {**PRESETS["electra-small"], "n_layers": 4, **SMALL_BUDGET},
+})
