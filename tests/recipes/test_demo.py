@@ -133,7 +133,11 @@ def test_the_demo_pretrains_with_the_small_budget_recipe(tmp_path, monkeypatch):
     run = made.run
     assert run.data.path == str(tmp_path / "shards") and run.out == str(tmp_path / "bert-mini")
     assert run.data.objective == "mlm" and run.data.mask_prob == 0.4 and run.dropout_off
-    assert run.model["norm_first"] is True and run.train.budget == "3m" and run.train.eval_every == 100
+    from lmforge.config import model_config_from_preset
+
+    config = model_config_from_preset(run.preset, **run.model)
+    assert config.norm_first and not config.tie_embeddings and run.train.precision == "auto"
+    assert run.train.budget == "3m" and run.train.eval_every == 100
     assert demo.build_pretraining(shards, tmp_path, budget="5m").run.train.budget == "5m"
     counted = demo.build_pretraining(shards, tmp_path, steps=40).run.train
     assert counted.budget == "" and counted.max_steps == 40 and counted.eval_every == 10
