@@ -38,7 +38,7 @@ class _Run:
     preset, model, dropout_off = "bert-mini", {"norm_first": True}, True
 
     class train:  # noqa: N801 (stands in for a TrainConfig)
-        max_steps, batch_size, budget = 0, 32, "3m"
+        max_steps, batch_size, budget, precision = 0, 32, "3m", "fp32"
 
     class data:  # noqa: N801
         seq_len, objective, mask_prob = 64, "mlm", 0.4
@@ -141,4 +141,5 @@ def test_the_demo_pretrains_with_the_small_budget_recipe(tmp_path, monkeypatch):
     assert demo.build_pretraining(shards, tmp_path, budget="5m").run.train.budget == "5m"
     counted = demo.build_pretraining(shards, tmp_path, steps=40).run.train
     assert counted.budget == "" and counted.max_steps == 40 and counted.eval_every == 10
-    assert made.describe().startswith("bert-mini (objective mlm, mask rate 0.4, pre-LN, no dropout")
+    assert made.describe().startswith("bert-mini-budget (objective mlm, mask rate 0.4, pre-LN, untied MLM "
+                                      "un-embedding, no dropout while pretraining, precision auto; a budget of 3m")

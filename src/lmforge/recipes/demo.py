@@ -170,10 +170,15 @@ class Pretraining:
 
         run = self.run
         options = [f"objective {run.data.objective}", f"mask rate {run.data.mask_prob:g}"]
-        if model_config_from_preset(run.preset, **run.model).norm_first:
+        config = model_config_from_preset(run.preset, **run.model)
+        if config.norm_first:
             options.append("pre-LN")
+        if not config.tie_embeddings:
+            options.append("untied MLM un-embedding")
         if run.dropout_off:
             options.append("no dropout while pretraining")
+        if run.train.precision != "fp32":
+            options.append(f"precision {run.train.precision}")
         length = f"a budget of {run.train.budget}" if run.train.budget else f"{run.train.max_steps} steps"
         return (f"{run.preset} ({', '.join(options)}; {length}, batches of {run.train.batch_size} x "
                 f"{run.data.seq_len})")
