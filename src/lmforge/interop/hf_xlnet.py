@@ -16,7 +16,8 @@ Config: ``n_layer``, ``d_model``, ``n_head``, ``d_inner``, ``ff_activation``, ``
 ``mem_len`` (None or 0 = keep every state), ``same_length``, ``dropout`` (one rate for everything, ours ``dropout``
 and ``attention_dropout``), ``layer_norm_eps``, ``initializer_range``. Not supported: ``bi_data`` (two directions of
 encodings per batch), ``reuse_len`` (pretraining's partial memory) and a head size other than d_model / n_head. The
-export refuses a pre-LN model (``norm_first``: HF's XLNet is post-LN only).
+export refuses a pre-LN model (``norm_first``: HF's XLNet is post-LN only), an untied LM head (``tie_embeddings=False``:
+HF's ``lm_loss`` is the word embedding) and a bias-free feed-forward (``bias=False``: HF's has biases).
 
 Nothing here imports transformers: configs are plain dicts (``config.json``), state dicts are tensors.
 """
@@ -93,7 +94,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> ModelConfig:
     if get("reuse_len", None, int | None):
         raise LmforgeError("reuse_len (pretraining's partial memory) is not supported; set it to null")
     if not get("tie_word_embeddings", True, bool):
-        raise LmforgeError("tie_word_embeddings=false: an untied LM head is not supported")
+        raise LmforgeError("tie_word_embeddings=false: importing an untied LM head (an lm_loss.weight of its own) "
+                           "is not supported")
     attn_type = hf.get("attn_type", "bi")
     if attn_type not in ("bi", "uni"):
         raise LmforgeError(f"attn_type={attn_type!r} is not supported; choose 'bi' or 'uni'")
@@ -135,6 +137,10 @@ def config_to_hf(config: ModelConfig, architecture: str = "XLNetLMHeadModel") ->
         problems.append(f"activation={config.activation!r}")
     if config.norm_first:
         problems.append("norm_first=True (HF XLNet is post-LN)")
+    if not config.tie_embeddings:
+        problems.append("tie_embeddings=False (HF XLNet ties its lm_loss to the word embedding)")
+    if not config.bias:
+        problems.append("bias=False (HF XLNet's feed-forward has biases)")
     if config.dropout != config.attention_dropout:
         problems.append(f"dropout={config.dropout} differs from attention_dropout={config.attention_dropout} (HF "
                         "XLNet has one rate for both)")

@@ -10,9 +10,11 @@ The forward pass, top to bottom:
     for l = 1..L:
         h, g = RelativeAttention_l(h, g; keys and values [SG(mem_l); h])   two streams, one set of weights
         h, g = FeedForward_l(h), FeedForward_l(g)                          Linear, act, drop, Linear, drop, +res, LN
+                                                                           (``config.bias=False``: Linears w/o bias)
     h, g = FinalNorm(h), FinalNorm(g)                                      (pre-LN only)
     last_hidden_state = Dropout(h), query_state = Dropout(g)
-    logits = state W_E^T + b    (XLNetLMHead, tied: ``lm_logits``)         (B, N or T, V)
+    logits = state W^T + b      (XLNetLMHead, ``lm_logits``)               (B, N or T, V)
+                                (W = W_E tied, XLNet's; ``tie_embeddings=False``: ``lm_head.weight`` of its own)
                                 (inside forward with ``return_logits``, so DistributedDataParallel sees the head)
 
 Pre-LN (``config.norm_first``; XLNet and the paper are post-LN): each sublayer is ``x + Dropout(sublayer(LN(x)))``
@@ -73,17 +75,18 @@ class XLNetFeedForward(nn.Module):
     ``LayerNorm(x + Dropout(layer_2(Dropout(act(layer_1(x))))))``, or with ``norm_first`` (pre-LN)
     ``x + Dropout(layer_2(Dropout(act(layer_1(LayerNorm(x))))))``.
 
-    Parameter names as XLNet's (``layer_1``, ``layer_2``, ``layer_norm``).
+    Parameter names as XLNet's (``layer_1``, ``layer_2``, ``layer_norm``); ``bias=False``: the two Linears have
+    no bias (Cramming's option; the LayerNorm keeps its own).
     """
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "gelu", dropout: float = 0.0,
-                 layer_norm_eps: float = 1e-12, norm_first: bool = False) -> None:
+                 layer_norm_eps: float = 1e-12, norm_first: bool = False, bias: bool = True) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise LmforgeError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
         self.layer_norm = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.layer_1 = nn.Linear(d_model, d_ff)
-        self.layer_2 = nn.Linear(d_ff, d_model)
+        self.layer_1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.layer_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = Dropout(dropout)
         self.activation = ACTIVATIONS[activation]
         self.norm_first = norm_first
@@ -105,7 +108,8 @@ class XLNetLayer(nn.Module):
             config.d_model, config.n_heads, dropout=config.dropout, attn_dropout=config.attention_dropout,
             segments=True, layer_norm_eps=config.layer_norm_eps, norm_first=config.norm_first)
         self.ff = XLNetFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.dropout,
-                                   layer_norm_eps=config.layer_norm_eps, norm_first=config.norm_first)
+                                   layer_norm_eps=config.layer_norm_eps, norm_first=config.norm_first,
+                                   bias=config.bias)
 
     def forward(self, h: Tensor, g: Tensor | None, r: Tensor, *, mems: Tensor | None, allowed_h: Tensor | None,
                 allowed_g: Tensor | None, seg_mat: Tensor | None, target_mapping: Tensor | None,
@@ -117,15 +121,20 @@ class XLNetLayer(nn.Module):
 
 
 class XLNetLMHead(nn.Module):
-    """XLNet's LM head (``lm_loss``): the word embedding transposed (tied) plus a per-token bias."""
+    """XLNet's LM head (``lm_loss``): ``hidden W^T + bias``, W the word embedding (tied, as XLNet; not held here),
+    or with ``tied=False`` a (V, D) ``weight`` of its own (saved as ``lm_head.weight``; the model draws it from
+    N(0, init_std)), so that the input embeddings learn only from the contexts their tokens appear in."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, d_model: int | None = None, *, tied: bool = True) -> None:
         super().__init__()
+        if not tied and d_model is None:
+            raise LmforgeError("an untied XLNetLMHead needs d_model, the width of its (vocab_size, d_model) weight")
         self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.weight: nn.Parameter | None = None if tied else nn.Parameter(torch.empty(vocab_size, d_model))
 
-    def forward(self, hidden: Tensor, weight: Tensor) -> Tensor:
-        """(..., D) states, the (V, D) word embedding -> (..., V) scores."""
-        return F.linear(hidden, weight, self.bias)
+    def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
+        """(..., D) states, the (V, D) word embedding (used when tied) -> (..., V) scores."""
+        return F.linear(hidden, embedding if self.weight is None else self.weight, self.bias)
 
 
 class XLNet(PretrainedMixin, nn.Module):
@@ -138,14 +147,14 @@ class XLNet(PretrainedMixin, nn.Module):
     the relative encodings, the residual branches and the output (``config.dropout``); ``attention_dropout`` on the
     attention weights (XLNet uses one rate for both).
 
-    Initialisation as XLNet: every weight (embedding, linear, relative-attention tensors and biases, ``mask_emb``)
-    N(0, init_std), linear biases and the LM bias 0, LayerNorms (1, 0).
+    Initialisation as XLNet: every weight (embedding, linear, relative-attention tensors and biases, ``mask_emb``,
+    an untied LM head's) N(0, init_std), linear biases and the LM bias 0, LayerNorms (1, 0).
 
     State-dict keys (XLNet's names, so that a Hugging Face checkpoint converts by renaming only):
     ``word_embedding.weight``, ``mask_emb`` (1, 1, D), ``layers.{l}.rel_attn.{q,k,v,o,r}`` (D, H, Dh),
     ``layers.{l}.rel_attn.{r_w_bias,r_r_bias,r_s_bias}`` (H, Dh), ``layers.{l}.rel_attn.seg_embed`` (2, H, Dh),
-    ``layers.{l}.rel_attn.layer_norm.*``, ``layers.{l}.ff.{layer_1,layer_2,layer_norm}.*``, ``final_norm.*``
-    (pre-LN only), ``lm_head.bias`` (V,).
+    ``layers.{l}.rel_attn.layer_norm.*``, ``layers.{l}.ff.{layer_1,layer_2,layer_norm}.*`` (no Linear biases with
+    ``bias=False``), ``final_norm.*`` (pre-LN only), ``lm_head.bias`` (V,), ``lm_head.weight`` (V, D) (untied only).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -163,7 +172,7 @@ class XLNet(PretrainedMixin, nn.Module):
         self.layers = nn.ModuleList(XLNetLayer(config) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(D, eps=config.layer_norm_eps) if config.norm_first else None
         self.dropout = Dropout(config.dropout)
-        self.lm_head = XLNetLMHead(config.vocab_size)
+        self.lm_head = XLNetLMHead(config.vocab_size, D, tied=config.tie_embeddings)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -176,9 +185,12 @@ class XLNet(PretrainedMixin, nn.Module):
                     nn.init.normal_(p, std=std)
         nn.init.normal_(self.mask_emb, std=std)
         nn.init.zeros_(self.lm_head.bias)
+        if self.lm_head.weight is not None:
+            nn.init.normal_(self.lm_head.weight, std=std)
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """Vocabulary scores of states of either stream (XLNet's ``lm_loss``, tied to the word embedding).
+        """Vocabulary scores of states of either stream (XLNet's ``lm_loss``: tied to the word embedding, or
+        ``lm_head.weight`` with ``tie_embeddings=False``).
 
         Args:
             hidden: (..., D), e.g. ``query_state`` (B, N, D) or ``last_hidden_state`` (B, T, D).
@@ -303,7 +315,7 @@ class XLNet(PretrainedMixin, nn.Module):
             output_hidden_states: return the content stream's input to every layer and the last output (after
                 the final LayerNorm with pre-LN).
             output_attentions: return the content stream's attention weights of every layer.
-            return_logits: "content" or "query": also run the tied LM head (``lm_logits``) on that stream's final
+            return_logits: "content" or "query": also run the LM head (``lm_logits``) on that stream's final
                 states, inside this forward, so that an objective calls the model once as a whole (under
                 DistributedDataParallel the LM bias then takes part in the wrapped forward). "content": the
                 content state at t (with ``attn_type="uni"``, Transformer-XL's prediction of token t + 1); "query":

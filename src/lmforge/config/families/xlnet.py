@@ -20,7 +20,9 @@ class XLNetConfig(ModelConfig):
     beyond it use its encoding (None: no clamping); ``same_length`` ("uni" only): every query sees the same number
     of keys; ``lm_stream``: the stream whose states predict the next token in generation, "query" (XLNet's PLM
     trains it) or "content" (Transformer-XL's causal LM, objective txl). ``norm_first`` (shared): pre-LN layers and a
-    final LayerNorm on both streams (the paper's and Hugging Face's XLNet are post-LN).
+    final LayerNorm on both streams (the paper's and Hugging Face's XLNet are post-LN). ``tie_embeddings=false``
+    (shared): an LM head of its own, ``lm_head.weight``; ``bias=false`` (shared): no feed-forward biases (the
+    relative attention has no projection biases anyway); both are lmforge's, the Hugging Face export refuses them.
     """
 
     arch: str = "xlnet"
@@ -47,11 +49,10 @@ class XLNetConfig(ModelConfig):
         if self.same_length and self.attn_type != "uni":
             problems.append("same_length=true shapes the causal mask of attn_type='uni'; with attn_type="
                             f"{self.attn_type!r} it would do nothing: unset it")
-        if not self.bias or self.ffn != "mlp":
-            # XLNet's layers (relative attention, its own FFN) have neither variant yet: refused rather than silently
-            # ignored (norm_first, pre-LN, they have)
-            problems.append(f"bias={self.bias}, ffn={self.ffn!r}: XLNet's layers have no bias-free or gated variant "
-                            "yet; keep bias=true, ffn='mlp'")
+        if self.ffn != "mlp":
+            # XLNet's own feed-forward has no gated variant yet: refused rather than silently ignored (bias=false, no
+            # feed-forward biases, and norm_first, pre-LN, it has; its relative attention has no projection biases)
+            problems.append(f"ffn={self.ffn!r}: XLNet's layers have no gated variant yet; keep ffn='mlp'")
         if isinstance(self.d_model, int) and self.d_model % 2:
             problems.append(f"XLNet's relative position encodings pair sines and cosines: d_model={self.d_model} "
                             "must be even")
