@@ -199,8 +199,11 @@ def test_bad_settings_are_clear_errors():
         get_objective("mlm").options({"rtd_weight": 1.0})
     with pytest.raises(LmforgeError, match=r"d_model=19 \(of 48\) and n_heads=6 \(of 16\), which does not divide"):
         generator_config(ModelConfig(d_model=48, n_heads=16, generator_size=0.4, vocab_size=V, n_layers=1))
-    with pytest.raises(LmforgeError, match="tie_embeddings=False is not supported"):
-        tiny(tie_embeddings=False)
+    untied = tiny(tie_embeddings=False)  # the generator's MLM head gets an un-embedding of its own (issue 36)
+    tokens = untied.backbone.embeddings.tokens.weight
+    assert untied.head.mlm.weight is not tokens and untied.head.mlm.weight.shape == tokens.shape
+    tied = tiny()
+    assert tied.head.mlm.weight is tied.backbone.embeddings.tokens.weight
 
 
 # ---------------------------------------------------------------------------------------------- end to end
