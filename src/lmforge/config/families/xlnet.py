@@ -80,3 +80,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                                 max_seq_len=512, attn_type="uni", mem_len=150, same_length=False, activation="relu",
                                 dropout=0.1, attention_dropout=0.0, lm_stream="content"),
 }
+
+# The small-budget shapes (issue 36; as the encoder family's *-budget presets): pre-LN with a final LayerNorm on both
+# streams and an LM un-embedding of its own
+PRESETS.update({
+    "xlnet-tiny-budget": {**PRESETS["xlnet-tiny"], "norm_first": True, "tie_embeddings": False},
+    "transformer-xl-tiny-budget": {**PRESETS["transformer-xl-tiny"], "norm_first": True, "tie_embeddings": False},
+})
