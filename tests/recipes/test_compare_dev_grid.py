@@ -158,3 +158,12 @@ def test_a_test_file_of_its_own_keeps_all_of_data_for_training_and_dev(tmp_path)
     other.write_text("text,label\nsome words here,zzz\n", encoding="utf-8")
     with pytest.raises(LmforgeError, match="label\\(s\\) zzz never occur"):
         split_data(compare_config({**values, "test_data": str(other)}, "t"), tmp_path / "out2")
+
+
+def test_only_matches_names_that_hold_commas():
+    from lmforge.commands.compare import only_names
+
+    known = {"bert-mini, no pretraining", "bert-mini, MLM here", "ulmfit"}
+    assert only_names("bert-mini, no pretraining,ulmfit", known) == ["bert-mini, no pretraining", "ulmfit"]
+    assert only_names("ulmfit, bert-mini, MLM here", known) == ["ulmfit", "bert-mini, MLM here"]
+    assert only_names("nope,ulmfit", known) == ["nope", "ulmfit"]  # the unknown one is reported by the caller

@@ -23,7 +23,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=_ints, metavar="S,S,...",
                    help="seeds of each size: each draws the subset and initialises the model (default: the "
                         "config's seeds, 0,1,2)")
-    p.add_argument("--only", metavar="NAME[,NAME]", help="run only these approaches (by name)")
+    p.add_argument("--only", metavar="NAME[,NAME]", action="append",
+                   help="run only these approaches (by name; repeat the option, or separate names by commas; a "
+                        "name that holds a comma is matched whole)")
     p.add_argument("--pretrained", metavar="DIR", help="the model folder of the @pretrained approaches (default: the "
                                                         "config's pretrained)")
     p.add_argument("--resume", nargs="?", const="auto", default="never", choices=("auto", "never"),
@@ -31,6 +33,22 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                                               "finished runs are kept, the rest run; never: refuse a non-empty --out")
     p.add_argument("--overwrite", action="store_true", help="start afresh in a non-empty --out (the old folder is "
                                                             "renamed, not deleted)")
+
+
+def only_names(value: str, known: set[str]) -> list[str]:
+    """The approach names in one ``--only`` value: split on commas, except where consecutive parts joined by their
+    commas name a known approach ("bert-mini, no pretraining" is one name when the config has it; the longest such
+    join wins). A part that names nothing is returned as given, for the caller to report."""
+    parts, names, i = value.split(","), [], 0
+    while i < len(parts):
+        j = next((j for j in range(len(parts), i, -1) if ",".join(parts[i:j]).strip() in known), None)
+        if j is None:
+            names += [parts[i].strip()] if parts[i].strip() else []
+            i += 1
+        else:
+            names.append(",".join(parts[i:j]).strip())
+            i = j
+    return names
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
@@ -41,8 +59,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.only:
-        wanted = {n.strip() for n in args.only.split(",")}
         known = {a.get("name") for a in values.get("approach", [])}
+        wanted = {name for value in args.only for name in only_names(value, known)}
         if wanted - known:
             raise LmforgeError(f"--only: unknown approach(es) {', '.join(sorted(wanted - known))}; the config has "
                                f"{', '.join(sorted(map(str, known)))}")
