@@ -7,7 +7,8 @@ Batches follow plan ``"plm"`` of ``lmforge.data.pretraining``: ``input_ids``, ``
 
 The model runs once on the whole batch (``model(input_ids, attention_mask=..., perm_mask=..., target_mapping=...,
 return_logits="query", logits_rows=...)``): the query stream's states of the real prediction rows go through the
-model's tied LM head inside its forward, so the vocabulary projection runs only where something is predicted, and
+model's LM head (tied, or its own with tie_embeddings=false) inside its forward, so the vocabulary projection runs
+only where something is predicted, and
 under DistributedDataParallel the LM head takes part in the wrapped forward (several processes train as one).
 
 One loss term ``plm``: the cross-entropy summed over the real targets (item count = their number; the Trainer

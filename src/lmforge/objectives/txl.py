@@ -3,7 +3,7 @@ segment attending to a memory of the previous segment's states (no gradient thro
 
 The model is the XLNet family (``lmforge.models.xlnet``) with ``attn_type="uni"`` (causal attention over the memory
 and the segment; the ``transformer-xl-*`` presets): the CONTENT state at position t predicts token t + 1 through the
-tied LM head, computed inside the model's forward (``return_logits="content"``, so one call of the whole model, which
+LM head (tied, or its own with tie_embeddings=false), computed inside the model's forward (``return_logits="content"``, so one call of the whole model, which
 DistributedDataParallel may wrap). ``attn_type="bi"`` is refused: every position would see the token it predicts.
 
 Batches come from plan ``"stream"`` (``lmforge.data.lm_stream.LMStreamData``, the AWD-LSTM's): consecutive windows of
