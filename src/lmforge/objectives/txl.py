@@ -4,7 +4,8 @@ segment attending to a memory of the previous segment's states (no gradient thro
 The model is the XLNet family (``lmforge.models.xlnet``) with ``attn_type="uni"`` (causal attention over the memory
 and the segment; the ``transformer-xl-*`` presets): the CONTENT state at position t predicts token t + 1 through the
 LM head (tied, or its own with tie_embeddings=false), computed inside the model's forward
-(``return_logits="content"``, so one call of the whole model, which DistributedDataParallel may wrap). ``attn_type="bi"`` is refused: every position would see the token it predicts.
+(``return_logits="content"``, so one call of the whole model, which DistributedDataParallel may wrap).
+``attn_type="bi"`` is refused: every position would see the token it predicts.
 
 Batches come from plan ``"stream"`` (``lmforge.data.lm_stream.LMStreamData``, the AWD-LSTM's): consecutive windows of
 the same rows of one contiguous stream, so row b of a batch continues row b of the previous one. The objective keeps
