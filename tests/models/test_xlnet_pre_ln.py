@@ -175,7 +175,10 @@ def test_forward_lm_in_segments_equals_one_pass(attn_type, stream):
 
 
 # ------------------------------------------------------------------------------------------------ training
-def _train(model: XLNet, objective, batches: list[dict], key: str, steps: int) -> list[float]:
+def train_objective(model: XLNet, objective, batches: list[dict], key: str, steps: int,
+                    watched: torch.nn.Parameter) -> list[float]:
+    """Adam steps of ``objective`` over ``batches``; the mean loss of each pass. ``watched`` must get a gradient in the
+    first pass, and every loss must stay finite."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
@@ -186,12 +189,16 @@ def _train(model: XLNet, objective, batches: list[dict], key: str, steps: int) -
             optimizer.zero_grad()
             (loss / n).backward()
             if step == 0:
-                assert model.final_norm.weight.grad is not None and model.final_norm.weight.grad.abs().sum() > 0
+                assert watched.grad is not None and watched.grad.abs().sum() > 0
             optimizer.step()
             total += float(loss.detach()) / n
         assert math.isfinite(total)
         losses.append(total / len(batches))
     return losses
+
+
+def _train(model: XLNet, objective, batches: list[dict], key: str, steps: int) -> list[float]:
+    return train_objective(model, objective, batches, key, steps, model.final_norm.weight)
 
 
 def test_plm_trains_with_pre_ln():

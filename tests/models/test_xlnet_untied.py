@@ -5,8 +5,6 @@ objectives, and the Hugging Face export's refusals."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -19,6 +17,7 @@ from lmforge.errors import LmforgeError
 from lmforge.models.xlnet import XLNet
 from lmforge.objectives.registry import get_objective
 from lmforge.persistence import load_pretrained, save_pretrained
+from tests.models.test_xlnet_pre_ln import train_objective
 
 B, T, V, D, H = 2, 5, 41, 12, 3
 
@@ -146,22 +145,8 @@ def test_the_bias_free_feed_forward_by_formula():
 
 # ------------------------------------------------------------------------------------------------ training
 def _train(model: XLNet, objective, batches: list[dict], key: str, steps: int) -> list[float]:
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     before = model.lm_head.weight.detach().clone()
-    losses = []
-    for step in range(steps):
-        total = 0.0
-        for batch in batches:
-            loss, n = objective(model, batch).losses[key]
-            optimizer.zero_grad()
-            (loss / n).backward()
-            if step == 0:
-                assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
-            optimizer.step()
-            total += float(loss.detach()) / n
-        assert math.isfinite(total)
-        losses.append(total / len(batches))
+    losses = train_objective(model, objective, batches, key, steps, model.lm_head.weight)
     assert not torch.equal(model.lm_head.weight, before)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     return losses
