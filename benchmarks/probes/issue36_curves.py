@@ -45,8 +45,8 @@ def main() -> None:
             print(f"| {label} | {e['step']} | {e['minutes']:.2f} | {e['eval_loss_mlm']:.3f} | "
                   f"{e['eval_mlm_accuracy']:.3f} | {e['eval_mlm_constant_accuracy']:.3f} | "
                   f"{e.get('eval_token_cosine', float('nan')):.2f} |")
-    loss_ax.set(xlabel="training minutes", ylabel="held-out MLM loss (nats, at the run's own mask rate)")
-    acc_ax.set(xlabel="training minutes", ylabel="held-out MLM accuracy (dotted: best constant guess)")
+    loss_ax.set(xlabel="training minutes", ylabel="held-out MLM loss (own mask rate)")
+    acc_ax.set(xlabel="training minutes", ylabel="MLM accuracy (dotted: constant guess)")
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
