@@ -285,3 +285,42 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_resume_auto_continues(prepared
     assert code == 0, capsys.readouterr().err
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps[-3:] == [step + 1, step + 2, step + 2]  # two more training lines, then the final evaluation
+
+
+def test_a_recipe_records_how_its_models_fine_tune_and_finetune_takes_it(prepared, tmp_path, capsys, caplog):
+    import csv
+    import logging
+
+    out = tmp_path / "run"
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('preset = "bert-tiny"\n[finetune]\ntrain = { lr = 2e-3 }\ntask = { pooling = "mean" }\n',
+                      encoding="utf-8")
+    code = main(["pretrain", "--config", str(recipe), "--objective", "mlm", "--data", str(prepared / "data"),
+                 "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "32", *TINY])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((out / "run_config.json").read_text())["finetune"] == {"train": {"lr": 2e-3},
+                                                                             "task": {"pooling": "mean"}}
+    train = tmp_path / "train.csv"
+    with train.open("w", newline="") as f:
+        csv.writer(f).writerows([["text", "label"]] + [[f"some words number {i}", str(i % 2)] for i in range(8)])
+    with caplog.at_level(logging.INFO, logger="lmforge"):
+        assert main(["finetune", "--model", str(out), "--train", str(train), "--out", str(tmp_path / "ft"),
+                     "--epochs", "1", "--batch-size", "4", "--max-length", "16"]) == 0
+    settings = json.loads((tmp_path / "ft" / "run_config.json").read_text())
+    assert settings["train"]["lr"] == 2e-3 and settings["task"]["pooling"] == "mean"
+    assert "fine-tuning defaults recorded by the pretraining recipe" in caplog.text
+    assert main(["finetune", "--model", str(out), "--train", str(train), "--out", str(tmp_path / "ft2"),
+                 "--epochs", "1", "--batch-size", "4", "--max-length", "16", "--lr", "1e-4",
+                 "--task.pooling=cls"]) == 0  # the user's options win
+    settings = json.loads((tmp_path / "ft2" / "run_config.json").read_text())
+    assert settings["train"]["lr"] == 1e-4 and settings["task"]["pooling"] == "cls"
+
+
+def test_a_bad_finetune_table_is_refused_before_training(prepared, tmp_path, capsys):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('preset = "bert-tiny"\n[finetune]\ntask = { pooling = "max" }\n', encoding="utf-8")
+    assert main(["pretrain", "--config", str(recipe), "--input", str(prepared / "data"), "--out",
+                 str(tmp_path / "run"), "--max-steps", "1", "--seq-len", "32", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "[finetune] task table" in err and "pooling='max' is not one of cls, mean" in err
+    assert not (tmp_path / "run").exists()

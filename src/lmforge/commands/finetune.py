@@ -34,7 +34,8 @@ from lmforge.recipes.finetune import (
     featurize,
     load_task_model,
 )
-from lmforge.recipes.resolve import model_overrides, resolve, split_model_table
+from lmforge.recipes.pretrain import recorded_finetune_defaults
+from lmforge.recipes.resolve import merge, model_overrides, resolve, split_model_table
 from lmforge.utils.compiling import COMPILE_HELP, INFERENCE_COMPILE_HELP, compile_errors, compile_in_place
 
 log = logging.getLogger("lmforge")
@@ -102,6 +103,15 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
                            "--task.crf=true (or --crf), --task.max_span_width=6, --task.word_pooling=mean")
     run = resolve(FinetuneRun, defaults=FINETUNE_DEFAULTS, config=args.config, flags=flags,
                   overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
+    recorded = recorded_finetune_defaults(run.model) if run.model else {}
+    if recorded:  # the model's pretraining recipe says how to fine-tune it: its settings become the defaults
+        defaults = merge(FINETUNE_DEFAULTS, {k: v for k, v in recorded.items() if k in ("train", "task")})
+        run = resolve(FinetuneRun, defaults=defaults, config=args.config, flags=flags,
+                      overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
+        shown = ", ".join(f"{table}.{k}={v}" for table in ("train", "task") for k, v in recorded.get(table, {}).items())
+        log.info("fine-tuning defaults recorded by the pretraining recipe of %s: %s (options and --config override "
+                 "them)", run.model, shown)
+        args.recorded_lr = "lr" in recorded.get("train", {})
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
         if not getattr(run, name):
             raise LmforgeError(f"no {name.replace('_file', ' file')}: pass {flag}")
@@ -111,8 +121,8 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
 def lr_given(args: argparse.Namespace) -> bool:
     """Whether the user set the learning rate (--lr, --train.lr=..., or [train] lr in --config); otherwise the recipe
     picks it by backbone."""
-    if getattr(args, "lr", None) is not None:
-        return True
+    if getattr(args, "lr", None) is not None or getattr(args, "recorded_lr", False):
+        return True  # given, or recorded by the pretraining recipe of --model
     if any(o.lstrip("-").split("=", 1)[0] == "train.lr" for o in args.overrides):
         return True
     return bool(args.config) and "lr" in (load_toml(args.config).get("train") or {})

@@ -32,6 +32,42 @@ PRETRAIN_STEPS = 1000  # train.max_steps when the run sets neither it nor a budg
 PLATEAU_MARGIN = 0.01
 
 
+def check_finetune_defaults(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (``{"train": {...}, "task": {...}}``) checked against ``TrainConfig`` and ``TaskConfig``; returned
+    as given.
+
+    Raises:
+        LmforgeError: another table than train and task, or a key or value those configs refuse (named).
+    """
+    from lmforge.config import TaskConfig
+
+    unknown = sorted(set(values) - {"train", "task"})
+    if unknown:
+        raise LmforgeError(f"{where}: [finetune] holds the tables train and task, not {', '.join(unknown)}")
+    for name, cls in (("train", TrainConfig), ("task", TaskConfig)):
+        table = values.get(name, {})
+        if not isinstance(table, dict):
+            raise LmforgeError(f"{where}: finetune.{name} must be a table, e.g. {name} = {{ lr = 1e-3 }}")
+        try:
+            from_dict(cls, table, where=f"{where}: finetune.{name}")
+        except LmforgeError as err:
+            raise LmforgeError(f"{where}: [finetune] {name} table: {err}") from None
+    return values
+
+
+def recorded_finetune_defaults(folder: str | Path) -> dict[str, Any]:
+    """The fine-tuning settings the pretraining recipe of ``folder`` recorded (its ``run_config.json``'s
+    ``finetune``: ``{"train": {...}, "task": {...}}``); {} for any other folder, or none."""
+    import json
+
+    path = Path(folder) / "run_config.json"
+    try:
+        values = json.loads(path.read_text(encoding="utf-8")).get("finetune") if path.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return {}
+    return check_finetune_defaults(values, str(path)) if isinstance(values, dict) and values else {}
+
+
 def plateau_warning(results: dict[str, Any]) -> str | None:
     """A warning when a finished masked-LM (or permutation-LM) run is still on the plateau: its held-out accuracy
     (``eval_mlm_accuracy``, ``eval_plm_accuracy``) within ``PLATEAU_MARGIN`` of the best constant guess
@@ -75,7 +111,14 @@ class PretrainRun:
     # pretrain with every dropout of the model at 0 (Geiping & Goldstein 2023, Cramming: no dropout in pretraining),
     # while the saved folder keeps the model's dropouts for fine-tuning
     dropout_off: bool = False
+    # how the models of this recipe should be fine-tuned, as measured for it (``[finetune]`` with ``train`` and
+    # ``task`` tables, e.g. ``train = {lr = 1e-3}``, ``task = {pooling = "mean"}``): saved with the run's settings
+    # (run_config.json), where `lmforge finetune` takes them as its defaults (the user's options still win)
+    finetune: dict[str, Any] = field(default_factory=dict)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        check_finetune_defaults(self.finetune, "pretrain")  # a bad [finetune] table fails before any work
 
     @classmethod
     def _upgrade_values(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
