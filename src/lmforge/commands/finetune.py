@@ -101,13 +101,15 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
     if head_keys or (args.config and "head" in load_toml(args.config)):
         raise LmforgeError(f"{', '.join(head_keys) or '[head]'}: the head's options live in the task section, e.g. "
                            "--task.crf=true (or --crf), --task.max_span_width=6, --task.word_pooling=mean")
-    run = resolve(FinetuneRun, defaults=FINETUNE_DEFAULTS, config=args.config, flags=flags,
-                  overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
+
+    def build(defaults: dict) -> FinetuneRun:
+        return resolve(FinetuneRun, defaults=defaults, config=args.config, flags=flags,
+                       overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
+
+    run = build(FINETUNE_DEFAULTS)
     recorded = recorded_finetune_defaults(run.model) if run.model else {}
     if recorded:  # the model's pretraining recipe says how to fine-tune it: its settings become the defaults
-        defaults = merge(FINETUNE_DEFAULTS, {k: v for k, v in recorded.items() if k in ("train", "task")})
-        run = resolve(FinetuneRun, defaults=defaults, config=args.config, flags=flags,
-                      overrides=model_overrides(args.overrides), where="finetune", normalize=split_model_table)
+        run = build(merge(FINETUNE_DEFAULTS, {k: v for k, v in recorded.items() if k in ("train", "task")}))
         shown = ", ".join(f"{table}.{k}={v}" for table in ("train", "task") for k, v in recorded.get(table, {}).items())
         log.info("fine-tuning defaults recorded by the pretraining recipe of %s: %s (options and --config override "
                  "them)", run.model, shown)

@@ -127,7 +127,7 @@ def run_grid(approach: Approach, config: CompareConfig, train_file: Path, dev_fi
 
     tried, seconds, steps = [], 0.0, 0
     for k, point in enumerate(approach.grid_points()):
-        folder = run_dir.with_name(f"{run_dir.name}-grid{k}")
+        folder = grid_dir(run_dir, k)
         for member in member_dirs(folder, approach):
             if member.exists():  # cut off by an interruption: our own scratch folder, started again
                 shutil.rmtree(member)
@@ -148,9 +148,13 @@ def run_grid(approach: Approach, config: CompareConfig, train_file: Path, dev_fi
             "grid": [{k: v for k, v in t.items() if k != "folder"} for t in tried]}
 
 
+def grid_dir(run_dir: Path, k: int) -> Path:
+    """The folder of grid point ``k`` of a run."""
+    return run_dir.with_name(f"{run_dir.name}-grid{k}")
+
+
 def grid_dirs(run_dir: Path, approach: Approach) -> list[Path]:
     """Every folder a run writes: its own model's and an ensemble's others, for each grid point when it has a grid."""
     if not approach.grid:
         return member_dirs(run_dir, approach)
-    return [m for k in range(len(approach.grid_points()))
-            for m in member_dirs(run_dir.with_name(f"{run_dir.name}-grid{k}"), approach)]
+    return [m for k in range(len(approach.grid_points())) for m in member_dirs(grid_dir(run_dir, k), approach)]
