@@ -167,3 +167,20 @@ def test_only_matches_names_that_hold_commas():
     assert only_names("bert-mini, no pretraining,ulmfit", known) == ["bert-mini, no pretraining", "ulmfit"]
     assert only_names("ulmfit, bert-mini, MLM here", known) == ["ulmfit", "bert-mini, MLM here"]
     assert only_names("nope,ulmfit", known) == ["nope", "ulmfit"]  # the unknown one is reported by the caller
+
+
+def test_data_and_test_data_options_override_the_config(tmp_path):
+    data = write_sequence(tmp_path / "data.csv", 40, 0)
+    test = write_sequence(tmp_path / "test.csv", 12, 5)
+    text = CONFIG.format(out=tmp_path / "out", data=tmp_path / "missing.csv").replace(
+        'grid = { lr = [1e-3, 3e-3], "task.reinit_layers" = [0] }\n', "")
+    config = tmp_path / "compare.toml"
+    config.write_text(text, encoding="utf-8")
+    assert main(["-q", "compare", "--config", str(config), "--seeds", "0"]) == 2  # the config's file is missing
+    out = tmp_path / "out2"
+    assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--data", str(data),
+                 "--test-data", str(test), "--out", str(out)]) == 0
+    saved = json.loads((out / "compare-config.json").read_text())
+    assert saved["data"] == str(data) and saved["test_data"] == str(test)
+    written = [r["text"] for r in csv.DictReader((out / "data" / "test.csv").open())]
+    assert written == [r["text"] for r in csv.DictReader(open(test))]

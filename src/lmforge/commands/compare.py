@@ -26,6 +26,10 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", metavar="NAME[,NAME]", action="append",
                    help="run only these approaches (by name; repeat the option, or separate names by commas; a "
                         "name that holds a comma is matched whole)")
+    p.add_argument("--data", metavar="FILE", help="the labelled data: a CSV/TSV/JSONL file, or bbc (default: the "
+                                                  "config's data)")
+    p.add_argument("--test-data", dest="test_data", metavar="FILE",
+                   help="a test file of its own (default: the config's test_data; none: split data by test_fraction)")
     p.add_argument("--pretrained", metavar="DIR", help="the model folder of the @pretrained approaches (default: the "
                                                         "config's pretrained)")
     p.add_argument("--resume", nargs="?", const="auto", default="never", choices=("auto", "never"),
@@ -55,7 +59,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from lmforge.recipes.compare import compare_config, run_compare
 
     values = load_toml(args.config)
-    for key in ("out", "sizes", "seeds", "pretrained"):
+    for key in ("out", "sizes", "seeds", "pretrained", "data", "test_data"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
     if args.only:
