@@ -71,10 +71,11 @@ def test_what_cannot_express_them_refuses():
 
 @pytest.mark.parametrize("preset, base", [("bert-mini-budget", "bert-mini"), ("albert-mini-budget", "albert-mini"),
                                           ("electra-mini-budget", "electra-small")])
-def test_the_small_budget_presets_are_their_base_pre_ln_and_untied(preset, base):
+def test_the_small_budget_presets_are_their_base_pre_ln_untied_and_rotary(preset, base):
     from lmforge.config import model_config_from_preset
 
     budget, plain = model_config_from_preset(preset, vocab_size=64), model_config_from_preset(base, vocab_size=64)
     assert budget.norm_first and not budget.tie_embeddings and not plain.norm_first and plain.tie_embeddings
+    assert budget.positional == "rotary" and plain.positional == "learned"
     changed = {k for k in budget.__dataclass_fields__ if getattr(budget, k) != getattr(plain, k)}
-    assert changed <= {"norm_first", "tie_embeddings", "n_layers"}  # electra-mini: electra-small at 4 layers
+    assert changed <= {"norm_first", "tie_embeddings", "positional", "n_layers"}  # electra-mini: 4 layers

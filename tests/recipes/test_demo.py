@@ -142,4 +142,5 @@ def test_the_demo_pretrains_with_the_small_budget_recipe(tmp_path, monkeypatch):
     counted = demo.build_pretraining(shards, tmp_path, steps=40).run.train
     assert counted.budget == "" and counted.max_steps == 40 and counted.eval_every == 10
     assert made.describe().startswith("bert-mini-budget (objective mlm, mask rate 0.4, pre-LN, untied MLM "
-                                      "un-embedding, no dropout while pretraining, precision auto; a budget of 3m")
+                                      "un-embedding, rotary positions, no dropout while pretraining, precision "
+                                      "auto; a budget of 3m")

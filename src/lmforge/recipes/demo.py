@@ -175,6 +175,8 @@ class Pretraining:
             options.append("pre-LN")
         if not config.tie_embeddings:
             options.append("untied MLM un-embedding")
+        if config.positional != "learned":
+            options.append(f"{config.positional} positions")
         if run.dropout_off:
             options.append("no dropout while pretraining")
         if run.train.precision != "fp32":
