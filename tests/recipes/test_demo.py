@@ -137,10 +137,10 @@ def test_the_demo_pretrains_with_the_small_budget_recipe(tmp_path, monkeypatch):
 
     config = model_config_from_preset(run.preset, **run.model)
     assert config.norm_first and not config.tie_embeddings and run.train.precision == "auto"
-    assert run.train.budget == "3m" and run.train.eval_every == 100
+    assert run.train.budget == "6m" and run.train.eval_every == 200
     assert demo.build_pretraining(shards, tmp_path, budget="5m").run.train.budget == "5m"
     counted = demo.build_pretraining(shards, tmp_path, steps=40).run.train
     assert counted.budget == "" and counted.max_steps == 40 and counted.eval_every == 10
     assert made.describe().startswith("bert-mini-budget (objective mlm, mask rate 0.4, pre-LN, untied MLM "
                                       "un-embedding, rotary positions, no dropout while pretraining, precision "
-                                      "auto; a budget of 3m")
+                                      "auto; a budget of 6m")
