@@ -3,6 +3,7 @@ chosen model only; the dev split never trained on."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 
@@ -184,3 +185,39 @@ def test_data_and_test_data_options_override_the_config(tmp_path):
     assert saved["data"] == str(data) and saved["test_data"] == str(test)
     written = [r["text"] for r in csv.DictReader((out / "data" / "test.csv").open())]
     assert written == [r["text"] for r in csv.DictReader(open(test))]
+
+
+def test_truncation_is_said_once_for_the_comparison_not_twice_per_run(tmp_path, capsys):
+    rows = list(csv.DictReader(write_sequence(tmp_path / "short.csv", 32, 0).open()))
+    data = tmp_path / "data.csv"
+    with data.open("w", newline="", encoding="utf-8") as f:  # every text three sentences: all longer than 8 pieces
+        writer = csv.DictWriter(f, ["text", "label"])
+        writer.writeheader()
+        writer.writerows({"text": " ".join([r["text"]] * 3), "label": r["label"]} for r in rows)
+    text = CONFIG.format(out=tmp_path / "out", data=data).replace("max_length = 16", "max_length = 8").replace(
+        'grid = { lr = [1e-3, 3e-3], "task.reinit_layers" = [0] }\n', "")
+    config = tmp_path / "compare.toml"
+    config.write_text(text, encoding="utf-8")
+    assert main(["compare", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("8 of 8 test texts are longer than max_length=8 word pieces") == 1
+    assert "were truncated" not in err  # the per-run warnings: debug level inside a comparison
+    import logging
+
+    from lmforge.tasks.base import quiet_truncation, warn_truncated
+
+    levels: list[int] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: levels.append(record.levelno)
+    logger = logging.getLogger("lmforge")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        for quiet in (False, True):
+            with quiet_truncation() if quiet else contextlib.nullcontext():
+                warn_truncated([(3, 9)], 5, "examples", max_length=8, unit="tokens", action="were truncated", fix="")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert levels == [logging.WARNING, logging.DEBUG]  # a warning outside a comparison, as before

@@ -10,6 +10,8 @@ ids, one or more features per example), features into padded tensors (``collate`
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -269,6 +271,20 @@ def encode_pair(tokenizer: Any, a: str, b: str, max_length: int) -> tuple[list[i
     return ids, [0] * (len(ids_a) + 2) + [1] * (len(ids_b) + 1), full
 
 
+_QUIET_TRUNCATION: contextvars.ContextVar[bool] = contextvars.ContextVar("lmforge_quiet_truncation", default=False)
+
+
+@contextlib.contextmanager
+def quiet_truncation() -> Iterator[None]:
+    """Within it ``warn_truncated`` logs at debug level (``-v`` shows it): for a caller that cuts inputs by design
+    and has said so once, as ``lmforge compare`` does before its many runs over the same texts."""
+    token = _QUIET_TRUNCATION.set(True)
+    try:
+        yield
+    finally:
+        _QUIET_TRUNCATION.reset(token)
+
+
 def warn_truncated(cut: Sequence[tuple[int | None, int]], total: int, what: str, *, max_length: int, unit: str,
                    action: str, fix: str) -> None:
     """One warning for all the inputs of a file that did not fit (not one per line): how many, the longest, and
@@ -288,8 +304,9 @@ def warn_truncated(cut: Sequence[tuple[int | None, int]], total: int, what: str,
     lines = [line for line, _ in cut if line is not None]
     shown = ", ".join(map(str, lines[:5])) + (f" and {len(lines) - 5} more" if len(lines) > 5 else "")
     where = f"; line{'s' if len(lines) > 1 else ''} {shown}" if lines else ""
-    log.warning("%d of %d %s are longer than max_length=%d %s and %s (longest %d %s%s): %s", len(cut), total, what,
-                max_length, unit, action, max(length for _, length in cut), unit, where, fix)
+    level = logging.DEBUG if _QUIET_TRUNCATION.get() else logging.WARNING
+    log.log(level, "%d of %d %s are longer than max_length=%d %s and %s (longest %d %s%s): %s", len(cut), total,
+            what, max_length, unit, action, max(length for _, length in cut), unit, where, fix)
 
 
 def cut_sentences(examples: Sequence[Any], features: Sequence[Feature], tokenizer: Any) -> list[tuple[int | None, int]]:

@@ -138,34 +138,59 @@ def run_all(config: CompareConfig, split: Split, tokenizer_dir: str, vectors: di
     are appended to ``runs.jsonl`` one by one (their model weights deleted unless ``keep_models``)."""
     from tqdm.auto import tqdm
 
-    out = Path(config.out)
+    from lmforge.tasks.base import quiet_truncation
+
     runs = [(a, size, seed) for a in config.approach for size in config.sizes for seed in config.seeds]
+    if any(run_key(*run) not in finished for run in runs):
+        note_truncation(config, split, tokenizer_dir)
     results: list[dict[str, Any]] = []
-    for approach, size, seed in tqdm(runs, desc="compare", disable=not progress):
-        train_file, n_train = split.train_file(size, seed)
-        key = run_key(approach, size, seed)
-        if key in finished:
-            results.append(finished[key])
-            continue
-        folder = run_dir(out, approach, size, seed)
-        for member in member_dirs(folder, approach):
-            if member.exists():  # cut off by an interruption: our own scratch folder, started again
-                shutil.rmtree(member)
-        with failing_step(f"approach {approach.name!r} ({size or 'all'} per class, seed {seed}; folder {folder})"):
-            if approach.grid:  # settings chosen on the dev split, the chosen model alone scored on the test split
-                result = run_grid(approach, config, train_file, split.dev_file, split.test_file, n_train, seed,
-                                  tokenizer_dir, vectors, folder)
-            else:
-                result = run_one(approach, config, train_file, split.test_file, n_train, seed, tokenizer_dir,
-                                 vectors, folder)
-        result["per_class"] = size
-        results.append(result)
-        if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
-            for member in grid_dirs(folder, approach):
-                shutil.rmtree(member / "checkpoints", ignore_errors=True)
-                for name in ("model.safetensors", "vocab.txt"):
-                    (member / name).unlink(missing_ok=True)
-        append_record(out / RUNS_NAME, {"key": key, "result": result})
-        log.info("compare: %s, %s per class, seed %d: accuracy %.3f, macro-F1 %.3f (%.0f s)", approach.name,
-                 size or "all", seed, result["accuracy"], result["f1"], result["seconds"])
+    with quiet_truncation():  # said once above, not twice per run
+        for approach, size, seed in tqdm(runs, desc="compare", disable=not progress):
+            results.append(run_or_reuse(config, split, tokenizer_dir, vectors, finished, approach, size, seed))
     return results
+
+
+def note_truncation(config: CompareConfig, split: Split, tokenizer_dir: str) -> None:
+    """One line for the whole comparison: how many test texts are longer than ``max_length`` word pieces of its
+    tokenizer, which every run cuts (the runs' own warnings, one per file and run, are at debug level)."""
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.from_pretrained(tokenizer_dir)
+    budget = config.max_length - 2  # [CLS] and [SEP]
+    texts = [split.pairs[i][0] for i in split.test]
+    longer = sum(len(tokenizer.encode_ids(text)) > budget for text in texts)
+    if longer:
+        log.info("compare: %d of %d test texts are longer than max_length=%d word pieces; every run reads their "
+                 "first %d (set max_length, or an approach's task.long_text, to change it)", longer, len(texts),
+                 config.max_length, config.max_length)
+
+
+def run_or_reuse(config: CompareConfig, split: Split, tokenizer_dir: str, vectors: dict[str, Path],
+                 finished: dict[str, dict[str, Any]], approach: Any, size: int, seed: int) -> dict[str, Any]:
+    """One approach x size x seed: its finished result, or a new run appended to ``runs.jsonl``."""
+    out = Path(config.out)
+    train_file, n_train = split.train_file(size, seed)
+    key = run_key(approach, size, seed)
+    if key in finished:
+        return finished[key]
+    folder = run_dir(out, approach, size, seed)
+    for member in member_dirs(folder, approach):
+        if member.exists():  # cut off by an interruption: our own scratch folder, started again
+            shutil.rmtree(member)
+    with failing_step(f"approach {approach.name!r} ({size or 'all'} per class, seed {seed}; folder {folder})"):
+        if approach.grid:  # settings chosen on the dev split, the chosen model alone scored on the test split
+            result = run_grid(approach, config, train_file, split.dev_file, split.test_file, n_train, seed,
+                              tokenizer_dir, vectors, folder)
+        else:
+            result = run_one(approach, config, train_file, split.test_file, n_train, seed, tokenizer_dir,
+                             vectors, folder)
+    result["per_class"] = size
+    if not config.keep_models:  # keep the logs and scores, not the weights (a MiniLM run writes ~300 MB)
+        for member in grid_dirs(folder, approach):
+            shutil.rmtree(member / "checkpoints", ignore_errors=True)
+            for name in ("model.safetensors", "vocab.txt"):
+                (member / name).unlink(missing_ok=True)
+    append_record(out / RUNS_NAME, {"key": key, "result": result})
+    log.info("compare: %s, %s per class, seed %d: accuracy %.3f, macro-F1 %.3f (%.0f s)", approach.name,
+             size or "all", seed, result["accuracy"], result["f1"], result["seconds"])
+    return result
