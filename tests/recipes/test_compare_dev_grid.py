@@ -170,7 +170,7 @@ def test_only_matches_names_that_hold_commas():
     assert only_names("nope,ulmfit", known) == ["nope", "ulmfit"]  # the unknown one is reported by the caller
 
 
-def test_data_and_test_data_options_override_the_config(tmp_path):
+def test_train_and_test_options_override_the_config_files(tmp_path):
     data = write_sequence(tmp_path / "data.csv", 40, 0)
     test = write_sequence(tmp_path / "test.csv", 12, 5)
     text = CONFIG.format(out=tmp_path / "out", data=tmp_path / "missing.csv").replace(
@@ -179,8 +179,8 @@ def test_data_and_test_data_options_override_the_config(tmp_path):
     config.write_text(text, encoding="utf-8")
     assert main(["-q", "compare", "--config", str(config), "--seeds", "0"]) == 2  # the config's file is missing
     out = tmp_path / "out2"
-    assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--data", str(data),
-                 "--test-data", str(test), "--out", str(out)]) == 0
+    assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--train", str(data),
+                 "--test", str(test), "--out", str(out)]) == 0
     saved = json.loads((out / "compare-config.json").read_text())
     assert saved["data"] == str(data) and saved["test_data"] == str(test)
     written = [r["text"] for r in csv.DictReader((out / "data" / "test.csv").open())]

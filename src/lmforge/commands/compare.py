@@ -26,10 +26,11 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", metavar="NAME[,NAME]", action="append",
                    help="run only these approaches (by name; repeat the option, or separate names by commas; a "
                         "name that holds a comma is matched whole)")
-    p.add_argument("--data", metavar="FILE", help="the labelled data: a CSV/TSV/JSONL file, or bbc (default: the "
-                                                  "config's data)")
-    p.add_argument("--test-data", dest="test_data", metavar="FILE",
-                   help="a test file of its own (default: the config's test_data; none: split data by test_fraction)")
+    p.add_argument("--train", dest="data", metavar="FILE",
+                   help="the labelled data (the config's data): a CSV/TSV/JSONL file, or bbc; its training split is "
+                        "carved out of it, and its test split too unless --test names a file")
+    p.add_argument("--test", dest="test_data", metavar="FILE",
+                   help="a test file of its own (the config's test_data); without one, test_fraction of --train")
     p.add_argument("--pretrained", metavar="DIR", help="the model folder of the @pretrained approaches (default: the "
                                                         "config's pretrained)")
     p.add_argument("--resume", nargs="?", const="auto", default="never", choices=("auto", "never"),
