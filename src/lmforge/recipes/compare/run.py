@@ -15,7 +15,7 @@ from typing import Any
 
 from lmforge.errors import LmforgeError
 from lmforge.recipes.compare.approaches import check_sources, grid_dirs, run_grid, run_one
-from lmforge.recipes.compare.config import CompareConfig
+from lmforge.recipes.compare.config import Approach, CompareConfig
 from lmforge.recipes.compare.data import Split, split_data
 from lmforge.recipes.compare.folder import (
     PRETRAINED_NAME,
@@ -166,7 +166,7 @@ def note_truncation(config: CompareConfig, split: Split, tokenizer_dir: str) -> 
 
 
 def run_or_reuse(config: CompareConfig, split: Split, tokenizer_dir: str, vectors: dict[str, Path],
-                 finished: dict[str, dict[str, Any]], approach: Any, size: int, seed: int) -> dict[str, Any]:
+                 finished: dict[str, dict[str, Any]], approach: Approach, size: int, seed: int) -> dict[str, Any]:
     """One approach x size x seed: its finished result, or a new run appended to ``runs.jsonl``."""
     out = Path(config.out)
     train_file, n_train = split.train_file(size, seed)
