@@ -97,7 +97,8 @@ def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
                               n_keys=args.n_keys, n_values=args.n_values, seed=args.seed,
                               keys_per_sequence=args.keys, template=args.template, separator=args.separator,
                               replay_share=args.replay_share, repeats=args.repeats,
-                              random_share=args.random_share, random_tokens=args.random_tokens)
+                              random_share=args.random_share, random_tokens=args.random_tokens,
+                              random_distinct=args.random_distinct)
     key_value_tokenizer(args.n_keys, args.n_values).save_pretrained(work / "tokenizer", overwrite=True)
     prepare_shards(work, "corpus.txt", "shards")
     info: dict[str, Any] = dict(counts)
@@ -105,7 +106,8 @@ def stage_data(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         info["stage1"] = key_value_corpus(
             work / "corpus-stage1.txt", n_sequences=args.sequences, pairs_per_sequence=args.pairs,
             n_keys=args.n_keys, n_values=args.n_values, seed=args.seed + 1_000, template=args.template,
-            separator=args.separator, random_share=1.0, random_tokens=args.random_tokens)
+            separator=args.separator, random_share=1.0, random_tokens=args.random_tokens,
+            random_distinct=args.random_distinct)
         prepare_shards(work, "corpus-stage1.txt", "shards-stage1")
     (work / "tasks").mkdir(exist_ok=True)
     for t in range(args.tasks):  # seeds far from the corpus's: fresh mappings (random values: nothing to memorise)
@@ -359,6 +361,9 @@ def parse_args() -> argparse.Namespace:
                         help="share of documents that are N random key/value words repeated twice (Olsson et al.'s "
                              "repeated random tokens) instead of pairs")
     parser.add_argument("--random-tokens", type=_range, default=(10, 60), help="N of those documents: N or LOW,HIGH")
+    parser.add_argument("--random-distinct", action=argparse.BooleanOptionalAction, default=False,
+                        help="no word twice in the first half of a repeated-random-tokens document (N at most "
+                             "--n-keys + --n-values): every repeated bigram then repeats reliably")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--positional", default="rotary", help="learned, sinusoidal or rotary")

@@ -226,3 +226,27 @@ def test_repeated_random_tokens_documents(tmp_path):
     assert info["tokens"] == sum(map(len, docs))
     with pytest.raises(LmforgeError, match="random_share"):
         key_value_corpus(path, n_sequences=2, pairs_per_sequence=3, n_keys=5, n_values=2, seed=0, random_share=2.0)
+
+
+def test_repeated_random_tokens_distinct_never_repeat_a_word_in_the_first_half(tmp_path):
+    rng = np.random.default_rng(0)
+    halves = []
+    for _ in range(50):
+        words = repeated_tokens_document(rng, n_tokens=10, n_keys=6, n_values=4, distinct=True).split()
+        assert words[:10] == words[10:] and len(set(words[:10])) == 10  # all 10 words of the pool, each once
+        halves.append(tuple(words[:10]))
+    assert len(set(halves)) > 40  # shuffled afresh per document
+    # with replacement, 10 draws from 10 words repeat one almost always (1 - 10!/10^10)
+    plain = [repeated_tokens_document(rng, n_tokens=10, n_keys=6, n_values=4).split()[:10] for _ in range(50)]
+    assert sum(len(set(h)) < 10 for h in plain) > 45
+    with pytest.raises(LmforgeError, match="distinct"):
+        repeated_tokens_document(rng, n_tokens=11, n_keys=6, n_values=4, distinct=True)
+    path = tmp_path / "distinct.txt"
+    key_value_corpus(path, n_sequences=40, pairs_per_sequence=4, n_keys=8, n_values=4, seed=1, random_share=1.0,
+                     random_tokens=(3, 12), random_distinct=True, template="{text} {label}", separator=" ")
+    for doc in path.read_text(encoding="utf-8").strip().split("\n\n"):
+        first = doc.split()[:len(doc.split()) // 2]
+        assert len(set(first)) == len(first)
+    with pytest.raises(LmforgeError, match="random_tokens up to 13"):
+        key_value_corpus(path, n_sequences=4, pairs_per_sequence=4, n_keys=8, n_values=4, seed=1, random_share=1.0,
+                         random_tokens=(3, 13), random_distinct=True)

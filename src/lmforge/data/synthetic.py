@@ -129,13 +129,25 @@ def key_value_document(rng: np.random.Generator, *, n_pairs: int, n_distinct: in
     return separator.join(template.format(text=key_name(keys[i]), label=value_name(values[i])) for i in order)
 
 
-def repeated_tokens_document(rng: np.random.Generator, *, n_tokens: int, n_keys: int, n_values: int) -> str:
+def repeated_tokens_document(rng: np.random.Generator, *, n_tokens: int, n_keys: int, n_values: int,
+                             distinct: bool = False) -> str:
     """``n_tokens`` words drawn uniformly (with replacement) from the keys and values, then the same words again:
     Olsson et al.'s repeated random tokens, written in the key-value vocabulary. Only the second half is
     predictable, and only by an induction head (the first half is noise and the period differs per document, so no
-    fixed-offset head solves it)."""
+    fixed-offset head solves it).
+
+    With ``distinct`` the first half has no word twice (drawn without replacement; ``n_tokens`` at most
+    ``n_keys + n_values``), so "the word after the earlier occurrence of this one" is always the right answer in the
+    second half. With replacement in a vocabulary this small, a word often occurs twice in the first half with two
+    different successors, and the copy rule is ambiguous there: a weaker, noisier signal for the induction circuit
+    (Aoyama et al. 2025 relate induction-head formation to how reliably a repeated bigram repeats)."""
     words = [*map(key_name, range(n_keys)), *map(value_name, range(n_values))]
-    half = [words[i] for i in rng.integers(0, len(words), size=n_tokens)]
+    if distinct and n_tokens > len(words):
+        raise LmforgeError(f"n_tokens={n_tokens} distinct words do not exist in a vocabulary of {len(words)} keys "
+                           "and values: lower the number of tokens or allow repeats (distinct=False)")
+    picks = rng.choice(len(words), size=n_tokens, replace=False) if distinct else rng.integers(0, len(words),
+                                                                                               size=n_tokens)
+    half = [words[i] for i in picks]
     return " ".join(half + half)
 
 
@@ -144,7 +156,8 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
                      keys_per_sequence: int | tuple[int, int] | None = None, template: str = TEMPLATE,
                      separator: str = SEPARATOR, replay_share: float = 0.0,
                      repeats: int | tuple[int, int] = 2, random_share: float = 0.0,
-                     random_tokens: int | tuple[int, int] = (10, 60)) -> dict[str, Any]:
+                     random_tokens: int | tuple[int, int] = (10, 60),
+                     random_distinct: bool = False) -> dict[str, Any]:
     """Write a pretraining corpus of key-value documents (UTF-8, one document per line, a blank line between).
 
     Args:
@@ -173,6 +186,8 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
             sequences on which Olsson et al. see the induction phase change in small models; the rest are key-value
             documents as above.
         random_tokens: N for those documents, a number or an inclusive range drawn per document.
+        random_distinct: draw those N words without replacement (see ``repeated_tokens_document``); the range's
+            upper end must then be at most ``n_keys + n_values``.
 
     Returns:
         Counts: documents, pairs, tokens (without the [SEP] between documents), the share of pairs whose key
@@ -190,12 +205,16 @@ def key_value_corpus(path: str | Path, *, n_sequences: int, pairs_per_sequence: 
     if not 0.0 <= random_share <= 1.0:
         raise LmforgeError(f"random_share={random_share!r} must be in [0, 1]")
     t_lo, t_hi = _range(random_tokens, "random_tokens")
+    if random_distinct and random_share and t_hi > n_keys + n_values:
+        raise LmforgeError(f"random_tokens up to {t_hi} cannot be distinct words: there are {n_keys + n_values} keys "
+                           "and values; lower the range's upper end or set random_distinct=False")
     rng = np.random.default_rng(seed)
     lines, pairs, repeated, n_random, random_words = [], 0, 0, 0, 0
     for _ in range(n_sequences):
         if random_share and rng.random() < random_share:
             n = int(rng.integers(t_lo, t_hi + 1))
-            lines.append(repeated_tokens_document(rng, n_tokens=n, n_keys=n_keys, n_values=n_values))
+            lines.append(repeated_tokens_document(rng, n_tokens=n, n_keys=n_keys, n_values=n_values,
+                                                  distinct=random_distinct))
             n_random, random_words = n_random + 1, random_words + 2 * n
             continue
         n = int(rng.integers(lo, hi + 1))
