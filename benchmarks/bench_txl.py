@@ -124,6 +124,10 @@ def pretrain(work: Path, key: str, out: Path, steps: int, args: argparse.Namespa
     preset, objective, extra = MODELS[key]
     if key == "txl" and args.txl_norm_first:  # pre-LN with a final LayerNorm (issue 36), as GPT is
         extra = [*extra, "--model.norm_first=true"]
+    if args.dropout_off:  # the small-budget recipe (issue 36): no dropout while pretraining, both models alike
+        extra = [*extra, "--dropout-off"]
+    if args.precision != "fp32":
+        extra = [*extra, f"--train.precision={args.precision}"]
     return lmforge(["pretrain", "--preset", preset, "--objective", objective, "--input", str(work / "shards-train"),
                     "--out", str(out), "--max-steps", str(steps), "--batch-size", str(args.batch_size),
                     "--seq-len", str(args.seq_len), "--lr", str(lr_of(key, args)), "--eval-every", "0",
@@ -294,6 +298,11 @@ def main() -> None:
     parser.add_argument("--txl-lr", type=float, default=None, help="Transformer-XL's own peak lr (default: --lr)")
     parser.add_argument("--txl-norm-first", action="store_true",
                         help="Transformer-XL pre-LN with a final LayerNorm (--model.norm_first=true), as GPT is")
+    parser.add_argument("--dropout-off", action="store_true",
+                        help="both models without dropout while pretraining (the small-budget recipe of issue 36)")
+    parser.add_argument("--precision", default="fp32",
+                        help="both models' --train.precision: fp32, bf16 or auto (bf16 autocast where the CPU has it "
+                             "natively)")
     parser.add_argument("--result", default="", help="the result file's name under benchmarks/results (default: "
                                                      "txl.json, txl-quick.json with --quick)")
     parser.add_argument("--vocab-size", type=int, default=8000)
