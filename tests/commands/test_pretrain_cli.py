@@ -324,3 +324,22 @@ def test_a_bad_finetune_table_is_refused_before_training(prepared, tmp_path, cap
     err = capsys.readouterr().err
     assert "[finetune] task table" in err and "pooling='max' is not one of cls, mean" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("preset", "objective"), [("gpt-nano", "clm"), ("bert-tiny", "mlm")])
+def test_init_from_continues_a_transformer_run_and_refuses_a_size_change(prepared, tmp_path, preset, objective,
+                                                                         capsys):
+    # a Transformer family has no d_hidden (the LSTMs' size): --init-from compared it and crashed
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = ["--objective", objective, "--input", str(prepared / "data"), "--max-steps", "2", "--batch-size", "4",
+            "--seq-len", "32", *TINY]
+    assert main(["pretrain", "--preset", preset, "--out", str(first), *base]) == 0, capsys.readouterr().err
+    assert main(["pretrain", "--init-from", str(first), "--out", str(second), *base, "--train.lr=1e-9"]) == 0, \
+        capsys.readouterr().err
+    a, b = load_pretrained(first).model.state_dict(), load_pretrained(second).model.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:  # two Adam steps at lr 1e-9 move no weight by more than ~2e-9: the second run starts at the first
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-7, msg=name)
+    code = main(["pretrain", "--init-from", str(first), "--out", str(tmp_path / "third"), *base,
+                 "--model.d_ff=64"])
+    assert code != 0 and "change d_ff" in capsys.readouterr().err

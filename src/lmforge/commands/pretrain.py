@@ -111,6 +111,7 @@ def run_pretrain(args: argparse.Namespace) -> int:
         if (warning := plateau_warning(results)) is not None:
             log.warning(warning)
         shown = {k: round(v, 4) for k, v in results.items() if isinstance(v, float)}
-        print(f"pretrained {run.preset} ({run.data.objective}) for {trainer.step} steps -> {run.out}")
+        what = f"the model of {run.init_from}" if run.init_from else run.preset  # --init-from ignores the preset
+        print(f"pretrained {what} ({run.data.objective}) for {trainer.step} steps -> {run.out}")
         print("final: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return 0

@@ -173,30 +173,46 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
     # the module pretrains without dropout when asked; ``config`` (returned, saved) keeps the fine-tuning dropouts
     built = config.without_dropout() if run.dropout_off else config
     backbone = build_backbone(built)  # after checking that it fits in memory
+    start_head = None
     if start is not None:
-        backbone.load_state_dict(start.model.state_dict())
-        log.info("starting from the weights of %s", run.init_from)
+        start_backbone = start.model.backbone if start.head is not None else start.model
+        backbone.load_state_dict(start_backbone.state_dict())
+        start_head = start.model.head if start.head is not None else None
     head = objective.head_spec(run.data)
     if head is None:
+        if start is not None:
+            log.info("starting from the weights of %s", run.init_from)
         return backbone, config, None
-    return TaskModel(backbone, build_head(head, built, backbone)), config, head
+    model = TaskModel(backbone, build_head(head, built, backbone))
+    if start is not None:
+        # Continued pretraining (ULMFiT's stage b, domain-adaptive pretraining) continues the head as well when the
+        # folder's head is the one this objective builds: a fresh MLM transform or output bias would first undo
+        # what the backbone's top layer had fitted to the old head.
+        if start_head is not None and start.head == head:
+            model.head.load_state_dict(start_head.state_dict())
+            log.info("starting from the weights of %s, its %s head included", run.init_from, head.get("type"))
+        else:
+            log.info("starting from the backbone of %s with a new %s head (the folder's head is %s)", run.init_from,
+                     head.get("type"), (start.head or {}).get("type", "none"))
+    return model, config, head
 
 
 def _start_model(run: PretrainRun, vocab_size: int):
     """``init_from``'s backbone and its config with the run's ``model`` overrides (None without ``init_from``)."""
     from lmforge.config import ModelConfig
-    from lmforge.persistence import load_backbone
+    from lmforge.persistence import load_pretrained
 
     if not run.init_from:
         return None
     if not Path(run.init_from).is_dir():
         raise LmforgeError(f"--init-from {run.init_from}: not a folder; give the folder of a finished pretraining run "
                            "(it holds config.json and model.safetensors)")
-    loaded = load_backbone(run.init_from)
+    loaded = load_pretrained(run.init_from)  # with its pretraining head, which the run continues when it fits
     values = {**to_dict(loaded.config), **run.model}
     config = from_dict(ModelConfig, values, where=f"--init-from {run.init_from} with the run's model settings")
+    # the size fields of every family (a family without one, e.g. a decoder's d_hidden, has None on both sides)
     sizes = [k for k in ("arch", "vocab_size", "d_model", "n_layers", "d_hidden", "d_ff", "n_heads", "reverse")
-             if getattr(config, k) != getattr(loaded.config, k)]
+             if getattr(config, k, None) != getattr(loaded.config, k, None)]
     if sizes:
         raise LmforgeError(f"--init-from {run.init_from}: the run's model settings change {', '.join(sizes)}; "
                            "weights can only be continued at the same sizes (change dropouts only)")
