@@ -15,8 +15,9 @@ continues; ``--fresh`` starts over):
    corpus of repeated random tokens (N of the keys and values, then the same N again, N in ``--random-tokens``) for
    stage 1; with ``--random-distinct`` (the default) no word occurs twice in a first half, so every repeated
    bigram repeats reliably (with replacement, 30 draws from 48 words repeat a word almost surely, with two different
-   successors: two of five seeds then stayed on the plateau through 6,000 steps; distinct, all five leave it). The tokenizer is the key-value vocabulary (every key and value one WordPiece token); ``lmforge data
-   prepare --format lines`` makes the shards. ``--tasks`` held-out tasks (``key_value_task``), each one fresh
+   successors: two of five seeds then stayed on the plateau through 6,000 steps; distinct, all five leave it).
+   The tokenizer is the key-value vocabulary (every key and value one WordPiece token); ``lmforge data prepare
+   --format lines`` makes the shards. ``--tasks`` held-out tasks (``key_value_task``), each one fresh
    mapping of ``--task-pairs`` keys: the training file is the demonstration pool, the test file queries every key
    of the mapping.
 2. ``train``: ``lmforge pretrain --preset gpt-nano --objective clm`` resized to ``--layers`` layers, ``--d-model``,
