@@ -170,15 +170,22 @@ def test_only_matches_names_that_hold_commas():
     assert only_names("nope,ulmfit", known) == ["nope", "ulmfit"]  # the unknown one is reported by the caller
 
 
-def test_train_and_test_options_override_the_config_files(tmp_path):
+def test_train_and_test_options_override_the_config_files(tmp_path, capsys):
     data = write_sequence(tmp_path / "data.csv", 40, 0)
     test = write_sequence(tmp_path / "test.csv", 12, 5)
     text = CONFIG.format(out=tmp_path / "out", data=tmp_path / "missing.csv").replace(
         'grid = { lr = [1e-3, 3e-3], "task.reinit_layers" = [0] }\n', "")
     config = tmp_path / "compare.toml"
     config.write_text(text, encoding="utf-8")
+    capsys.readouterr()
     assert main(["-q", "compare", "--config", str(config), "--seeds", "0"]) == 2  # the config's file is missing
-    out = tmp_path / "out2"
+    assert "missing.csv: no such file (data (--train))" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before anything was written: the same --out works next time
+    assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--test", str(tmp_path / "nope.csv"),
+                 "--train", str(data)]) == 2
+    assert "nope.csv: no such file (test_data (--test))" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    out = tmp_path / "out"
     assert main(["-q", "compare", "--config", str(config), "--seeds", "0", "--train", str(data),
                  "--test", str(test), "--out", str(out)]) == 0
     saved = json.loads((out / "compare-config.json").read_text())

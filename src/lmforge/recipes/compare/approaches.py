@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.config import from_dict
-from lmforge.errors import LmforgeError
+from lmforge.errors import InputFileError, LmforgeError
 from lmforge.recipes.compare.config import Approach, CompareConfig
 from lmforge.recipes.compare.folder import member_dirs
 
@@ -34,9 +34,15 @@ def model_source(approach: Approach, config: CompareConfig, model: str | None = 
 
 
 def check_sources(config: CompareConfig) -> None:
-    """Fail before the first run, not hours into the comparison, when an approach's model cannot be found."""
+    """Fail before anything is written to ``out`` (and not hours into the comparison) when a data file or an
+    approach's model cannot be found."""
     from lmforge.config import PRESETS
 
+    for option, path in (("data (--train)", config.data if config.data != "bbc" else ""),
+                         ("test_data (--test)", config.test_data)):
+        if path and not Path(path).is_file():
+            raise InputFileError(f"{path}: no such file ({option}); check the path, or set {option.split()[0]} in "
+                                 "the config to a CSV/TSV/JSONL file of texts and labels")
     for spec in config.pretrain:
         if spec.preset not in PRESETS:
             raise LmforgeError(f"[[pretrain]] {spec.name!r}: preset={spec.preset!r} is not one of {', '.join(PRESETS)}")
