@@ -18,7 +18,7 @@ def cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-print("| probe | pretrained model (last held-out MLM accuracy / constant / steps) | approach | dev acc 10/class | "
+print("| probe | pretrained model (last held-out MLM/PLM/LM accuracy / constant / steps) | approach | dev acc 10/class | "
       "dev acc 50/class | dev acc 200/class |")
 print("|---|---|---|---:|---:|---:|")
 for folder in map(Path, sys.argv[1:]):
@@ -27,8 +27,10 @@ for folder in map(Path, sys.argv[1:]):
         evals = [r for r in map(json.loads, run.read_text().splitlines()) if "eval_loss" in r]
         if evals:
             last = evals[-1]
-            acc = last.get("eval_mlm_accuracy", float("nan"))
-            const = last.get("eval_mlm_constant_accuracy", float("nan"))
+            # the objective's own held-out accuracy: MLM, PLM (XLNet) or causal LM (GPT; no constant logged)
+            kind = next((k for k in ("mlm", "plm", "lm") if f"eval_{k}_accuracy" in last), "mlm")
+            acc = last.get(f"eval_{kind}_accuracy", float("nan"))
+            const = last.get(f"eval_{kind}_constant_accuracy", float("nan"))
             pretrained[run.parent.name] = f"{run.parent.name} ({acc:.3f} / {const:.3f} / {last['step']})"
     config = json.loads((folder / "compare-config.json").read_text())
     models = {a["name"]: a["model"] for a in config["approach"]}
