@@ -18,8 +18,8 @@ def cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-print("| probe | pretrained model (last held-out MLM/PLM/LM accuracy / constant / steps) | approach | dev acc 10/class | "
-      "dev acc 50/class | dev acc 200/class |")
+print("| probe | pretrained model (last held-out MLM/PLM/LM accuracy / constant / steps) | approach | "
+      "dev acc 10/class | dev acc 50/class | dev acc 200/class |")
 print("|---|---|---|---:|---:|---:|")
 for folder in map(Path, sys.argv[1:]):
     pretrained = {}
