@@ -20,17 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from lmforge.config import model_config_from_preset
+from lmforge.config.base import parse_override
 from lmforge.heads.electra import ReplacedTokenDetectionHead
 from lmforge.models.encoder import Encoder
-
-
-def value(text: str) -> object:
-    if text in ("true", "false"):
-        return text == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return text
 
 
 def main() -> None:
@@ -43,7 +35,7 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(args.seed)
     vocab, length, batch = 200, 32, 32
-    fields = {k: value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    fields = {".".join(keys): v for keys, v in map(parse_override, args.set)}  # values read as TOML
     config = model_config_from_preset(args.preset, vocab_size=vocab, max_seq_len=length, n_layers=args.layers,
                                       **fields)
     encoder = Encoder(config)

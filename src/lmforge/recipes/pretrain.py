@@ -173,11 +173,8 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
     # the module pretrains without dropout when asked; ``config`` (returned, saved) keeps the fine-tuning dropouts
     built = config.without_dropout() if run.dropout_off else config
     backbone = build_backbone(built)  # after checking that it fits in memory
-    start_head = None
-    if start is not None:
-        start_backbone = start.model.backbone if start.head is not None else start.model
-        backbone.load_state_dict(start_backbone.state_dict())
-        start_head = start.model.head if start.head is not None else None
+    if start is not None:  # the folder's module is a TaskModel when it was saved with a head
+        backbone.load_state_dict((start.model.backbone if start.head is not None else start.model).state_dict())
     head = objective.head_spec(run.data)
     if head is None:
         if start is not None:
@@ -188,8 +185,8 @@ def build_pretraining_model(run: PretrainRun, vocab_size: int, pad_id: int | Non
         # Continued pretraining (ULMFiT's stage b, domain-adaptive pretraining) continues the head as well when the
         # folder's head is the one this objective builds: a fresh MLM transform or output bias would first undo
         # what the backbone's top layer had fitted to the old head.
-        if start_head is not None and start.head == head:
-            model.head.load_state_dict(start_head.state_dict())
+        if start.head == head:
+            model.head.load_state_dict(start.model.head.state_dict())
             log.info("starting from the weights of %s, its %s head included", run.init_from, head.get("type"))
         else:
             log.info("starting from the backbone of %s with a new %s head (the folder's head is %s)", run.init_from,

@@ -38,11 +38,11 @@ def check_sources(config: CompareConfig) -> None:
     approach's model cannot be found."""
     from lmforge.config import PRESETS
 
-    for option, path in (("data (--train)", config.data if config.data != "bbc" else ""),
-                         ("test_data (--test)", config.test_data)):
-        if path and not Path(path).is_file():
-            raise InputFileError(f"{path}: no such file ({option}); check the path, or set {option.split()[0]} in "
-                                 "the config to a CSV/TSV/JSONL file of texts and labels")
+    for key, flag in (("data", "--train"), ("test_data", "--test")):
+        path = getattr(config, key)
+        if path and not (key == "data" and path == "bbc") and not Path(path).is_file():  # bbc: the embedded corpus
+            raise InputFileError(f"{path}: no such file ({key} ({flag})); check the path, or set {key} in the config "
+                                 "to a CSV/TSV/JSONL file of texts and labels")
     for spec in config.pretrain:
         if spec.preset not in PRESETS:
             raise LmforgeError(f"[[pretrain]] {spec.name!r}: preset={spec.preset!r} is not one of {', '.join(PRESETS)}")
