@@ -25,6 +25,11 @@ task                     model folder                                    call ->
                                                                          ``mean``/``cls``) or one per token;
                                                                          with ``word_pooling``: ``{"words",
                                                                          "spans", "vectors"}`` (one per word)
+``text-generation``      a language model (GPT, AWD-LSTM, biLM, XLNet)   ``"prompt"`` -> ``[{"generated_text"}]``
+                         or an encoder-decoder (``train-seq2seq``)       (``num_return_sequences`` of them; the
+                                                                         prompt then its continuation, or the
+                                                                         continuation alone with
+                                                                         ``return_full_text=False``)
 =======================  ==============================================  ==========================================
 
 Every pipeline takes one input or a list of inputs (and then returns a list). Texts longer than the model's
@@ -41,6 +46,7 @@ p_end(j)``, as transformers' question-answering pipeline computes it; SQuAD v2.0
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +55,7 @@ import torch
 from lmforge.errors import LmforgeError
 
 PIPELINES = ("fill-mask", "text-classification", "token-classification", "question-answering",
-             "multiple-choice", "feature-extraction")
+             "multiple-choice", "feature-extraction", "text-generation")
 
 
 def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, **options: Any):
@@ -64,11 +70,14 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
         options: per pipeline: ``top_k`` (fill-mask: 5; text-classification, question-answering, multiple-choice:
             None, one best answer as a dict; a number gives that many as a ranked list); ``layers``, ``combine``,
             ``pooling`` or ``word_pooling`` (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts``
-            and ``embed_words``).
+            and ``embed_words``); ``return_full_text`` and any ``lmforge.generation.GenerationConfig`` field
+            (text-generation: ``max_new_tokens``, ``strategy``, ``num_beams``, ``top_p``, ...; given at build
+            time or per call).
     """
     builders = {"fill-mask": FillMaskPipeline, "text-classification": TextClassificationPipeline,
                 "token-classification": TokenClassificationPipeline, "question-answering": QuestionAnsweringPipeline,
-                "multiple-choice": MultipleChoicePipeline, "feature-extraction": FeatureExtractionPipeline}
+                "multiple-choice": MultipleChoicePipeline, "feature-extraction": FeatureExtractionPipeline,
+                "text-generation": TextGenerationPipeline}
     if task not in builders:
         raise LmforgeError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
     return builders[task](model, device=device, batch_size=batch_size, **options)
@@ -326,9 +335,18 @@ class FillMaskPipeline:
                     n += 1
                 if len(per_mask) == 1:  # one mask: the filled sentence too
                     for cand in per_mask[0]:
-                        cand["sequence"] = chunk[i].replace(tok.mask_token, cand["token"], 1)
+                        cand["sequence"] = filled(chunk[i], tok.mask_token, cand["token"])
                 results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
         return results[0] if single else results
+
+
+def filled(text: str, mask: str, token: str) -> str:
+    """``text`` with its first ``mask`` replaced by the WordPiece ``token``. A ``##`` piece continues the word
+    before the mask, so it is written without its marker and without the space before the mask:
+    ``filled("Shares rose [MASK]", "[MASK]", "##e")`` -> ``"Shares rosee"``."""
+    if token.startswith("##") and len(token) > 2:
+        return re.sub(r"\s*" + re.escape(mask), lambda _: token[2:], text, count=1)
+    return text.replace(mask, token, 1)
 
 
 class FeatureExtractionPipeline:
@@ -368,3 +386,46 @@ class FeatureExtractionPipeline:
             vectors = embed_texts(self.model, self.tokenizer, texts, layers=self.layers, combine=self.combine,
                                   pooling=self.pooling, batch_size=self.batch_size)
         return vectors[0] if single else vectors
+
+
+class TextGenerationPipeline:
+    """Continue prompts with a language model, or write targets with an encoder-decoder, and return text
+    (``lmforge.generation.text``): per prompt a list of ``{"generated_text"}``, as Hugging Face's text-generation
+    pipeline. Options are ``GenerationConfig`` fields (``max_new_tokens``, ``strategy``, ``num_beams``,
+    ``num_return_sequences``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ...) and ``return_full_text``
+    (default True: the prompt, then its continuation), given at build time or per call."""
+
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 16, **options: Any) -> None:
+        from lmforge.generation.text import load_generator
+
+        self.model, self.tokenizer, self.family = load_generator(model)
+        self.model.to(device).eval()
+        self.batch_size, self.options = batch_size, {"max_new_tokens": 30, **options}
+        self._config(self.options)  # refuses a bad option now, not at the first call
+
+    def _config(self, options: dict[str, Any]) -> tuple[Any, bool]:
+        from lmforge.generation import GenerationConfig
+
+        options = dict(options)
+        full_text = options.pop("return_full_text", True)
+        if not isinstance(full_text, bool):
+            raise LmforgeError(f"return_full_text must be True or False, got {full_text!r}")
+        tok = self.tokenizer
+        config = GenerationConfig(**options).replace(
+            eos_id=tok.sep_id, pad_id=tok.pad_id, bos_id=tok.cls_id if self.family.has_encoder_decoder else None)
+        return config, full_text
+
+    def __call__(self, inputs: str | list[str], **options: Any) -> Any:
+        from lmforge.generation.text import encode_prompt, generate_batched, generated_text
+
+        items, single = _as_list(inputs)
+        texts = [_check_text(t, "prompt") for t in items]
+        config, full_text = self._config({**self.options, **options})
+        limit = self.model.config.max_seq_len
+        prompts = [encode_prompt(self.tokenizer, t, self.family, f"input {i}", limit) for i, t in enumerate(texts)]
+        results = generate_batched(self.model, prompts, config, self.batch_size)
+        continues = not self.family.has_encoder_decoder
+        out = [[{"generated_text": generated_text(self.tokenizer, text, ids, seq, continues=continues,
+                                                  full_text=full_text)} for seq in result[0]]
+               for text, ids, result in zip(texts, prompts, results, strict=True)]
+        return out[0] if single else out

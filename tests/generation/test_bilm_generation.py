@@ -14,6 +14,7 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.generation import adapter_for, generate
 from lmforge.generation.adapters import RecurrentLMAdapter
+from lmforge.generation.text import generated_text
 from lmforge.models.elmo import BiLM, ELMoEncoder
 from tests.generation.helpers import EOS, V, padded_batch, unpadded
 
@@ -222,7 +223,11 @@ def test_lmforge_generate_continues_prompts_with_a_pretrained_bilm(bilm_run, tmp
     tok = loaded.tokenizer
     ids = torch.tensor([[tok.sep_id, *tok.encode_ids("alice went to")]])
     out = generate(loaded.model, ids, max_new_tokens=5, eos_id=tok.sep_id, pad_id=tok.pad_id)
-    assert results[0][0]["generations"][0]["text"] == tok.decode(out.sequences[0][0], skip_special_tokens=True)
+    greedy = results[0][0]["generations"][0]
+    assert greedy["continuation"] == generated_text(tok, "alice went to", ids[0].tolist(), out.sequences[0][0],
+                                                    full_text=False)
+    assert greedy["text"] == generated_text(tok, "alice went to", ids[0].tolist(), out.sequences[0][0])
+    assert greedy["text"].startswith("alice went to") and greedy["text"].endswith(greedy["continuation"])
     # a fine-tuned ELMo task model does not generate
     elmo = tmp_path / "elmo"
     encoder = ELMoEncoder.wrap(loaded.model)

@@ -1,5 +1,5 @@
-"""``lmforge generate`` on tiny saved models: one text per prompt line, the same tokens as the library call,
-beam --top T, JSON output, sampling seeds, bad inputs."""
+"""``lmforge generate`` on tiny saved models: one text per prompt line (the prompt, then the library call's tokens
+as text), beam --top T, JSON output, sampling seeds, bad inputs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from lmforge.commands.generate import add_generate_arguments, run_generate
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.generation import generate
+from lmforge.generation.text import generated_text, tidy_spacing
 from lmforge.models.decoder import Decoder
 from lmforge.models.seq2seq import EncoderDecoder
 from lmforge.persistence import save_pretrained
@@ -85,16 +86,16 @@ def prompts_file(tmp_path) -> Path:
     return path
 
 
-def _expected_decoder_texts(model_dir: Path, **options) -> list[list[str]]:
+def _expected_decoder_texts(model_dir: Path, full_text: bool = True, **options) -> list[list[str]]:
     from lmforge.persistence import load_pretrained
 
     loaded = load_pretrained(model_dir)
     tok = loaded.tokenizer
     out = []
     for text in PROMPTS:
-        ids = torch.tensor([[tok.sep_id, *tok.encode_ids(text)]])
-        result = generate(loaded.model, ids, eos_id=tok.sep_id, **options)
-        out.append([tok.decode(seq) for seq in result.sequences[0]])
+        ids = [tok.sep_id, *tok.encode_ids(text)]
+        result = generate(loaded.model, torch.tensor([ids]), eos_id=tok.sep_id, **options)
+        out.append([generated_text(tok, text, ids, seq, full_text=full_text) for seq in result.sequences[0]])
     return out
 
 
@@ -104,7 +105,15 @@ def test_greedy_prints_one_line_per_prompt_equal_to_the_library(gpt_dir, prompts
     assert code == 0, err
     lines = out.splitlines()
     assert lines == [texts[0] for texts in _expected_decoder_texts(gpt_dir, max_new_tokens=8)]
-    assert any(line for line in lines)
+    assert all(line.startswith(prompt) for line, prompt in zip(lines, PROMPTS, strict=True))  # echoed as written
+    assert any(len(line) > len(prompt) for line, prompt in zip(lines, PROMPTS, strict=True))
+    assert not any("##" in line for line in lines)  # pieces joined to the word they continue
+    code, out, err = _cli(["--model", str(gpt_dir), "--input", str(prompts_file), "--max-new-tokens", "8",
+                           "--continuation-only"], capsys)
+    assert code == 0, err
+    tails = out.splitlines()
+    assert tails == [texts[0] for texts in _expected_decoder_texts(gpt_dir, full_text=False, max_new_tokens=8)]
+    assert all(line.endswith(tail) for line, tail in zip(lines, tails, strict=True))
 
 
 def test_beam_top_two_prints_two_lines_per_prompt_and_json(gpt_dir, prompts_file, capsys):
@@ -150,7 +159,7 @@ def test_encoder_decoder_folder(seq2seq_dir, prompts_file, capsys):
     for text, line in zip(PROMPTS, out.splitlines(), strict=True):
         result = generate(loaded.model, torch.tensor([tok.encode_ids(text)]), strategy="beam", bos_id=tok.cls_id,
                           eos_id=tok.sep_id, max_new_tokens=5)
-        assert line == tok.decode(result.sequences[0][0])
+        assert line == tidy_spacing(tok.decode(result.sequences[0][0]))  # the target alone, not the source
 
 
 def test_bad_inputs(gpt_dir, tmp_path, capsys):
@@ -200,4 +209,7 @@ def test_stop_token_ends_the_text(gpt_dir, capsys):
     code, out, err = _cli(argv, capsys)
     assert code == 0, err
     stopped = json.loads(out)["generations"][0]
-    assert stopped["stop"] == stop and stopped["text"] == tok.decode(seq[:at]) and stopped["tokens"] == at
+    assert stopped["stop"] == stop and stopped["tokens"] == at
+    assert stopped["continuation"] == generated_text(tok, "alice went to", ids[0].tolist(), seq[:at], full_text=False)
+    assert stopped["text"] == generated_text(tok, "alice went to", ids[0].tolist(), seq[:at])
+    assert stopped["text"].startswith("alice went to") and stopped["text"].endswith(stopped["continuation"])

@@ -59,6 +59,19 @@ def test_greedy_and_beam_equal_generate(decoder):
     expected = _direct(folder, PROMPTS, max_new_tokens=6)
     assert [res["token_ids"][0] for res in results] == expected.best
     assert all(len(res["texts"]) == 1 and isinstance(res["texts"][0], str) for res in results)
+    from lmforge.generation.text import generated_text
+    from lmforge.persistence import load_pretrained
+
+    tok = load_pretrained(folder).tokenizer
+    for prompt, res, seq in zip(PROMPTS, results, expected.best, strict=True):  # the prompt, then its continuation
+        ids = [tok.sep_id, *tok.encode_ids(prompt)]
+        assert res["texts"][0] == generated_text(tok, prompt, ids, seq) and res["texts"][0].startswith(prompt)
+        assert "##" not in res["texts"][0]
+    tails = client.post("/generate", json={"texts": PROMPTS, "max_new_tokens": 6, "return_full_text": False})
+    assert tails.status_code == 200, tails.text
+    for prompt, res, tail in zip(PROMPTS, results, tails.json()["results"], strict=True):
+        assert tail["token_ids"] == res["token_ids"] and len(tail["texts"][0]) <= len(res["texts"][0]) - len(prompt)
+        assert res["texts"][0].endswith(tail["texts"][0])
     r = client.post("/generate", json={"texts": PROMPTS[:2], "strategy": "beam", "num_beams": 3,
                                        "num_return_sequences": 2, "max_new_tokens": 5, "length_penalty": "gnmt"})
     assert r.status_code == 200, r.text

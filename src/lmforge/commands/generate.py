@@ -12,9 +12,12 @@ How a text becomes ids mirrors training:
 * encoder-decoder: the source is the text's pieces without special tokens, the decoder starts from ``[CLS]`` and
   stops at ``[SEP]`` (``lmforge.data.seq2seq``: targets are ``[CLS] y [SEP]``).
 
-Output: for every prompt line, ``--num-return-sequences`` lines (its best hypotheses, best first; one by default),
-each the generated text only (the prompt is not repeated; special tokens are dropped). ``--json`` writes one JSON object
-per prompt instead: ``{"prompt", "generations": [{"text", "score", "log_prob", "tokens", "stop"}]}``.
+Output: for every prompt line, ``--num-return-sequences`` lines (its best hypotheses, best first; one by default).
+A language model's line is the prompt as written followed by its continuation, word pieces joined to the word they
+continue and no space before punctuation (``lmforge.generation.text``); ``--continuation-only`` prints the
+continuation alone (Hugging Face's ``return_full_text=False``). An encoder-decoder's line is its target text.
+Special tokens are dropped. ``--json`` writes one JSON object per prompt instead: ``{"prompt", "generations":
+[{"text", "continuation", "score", "log_prob", "tokens", "stop"}]}``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from typing import Any
 
 from lmforge.commands.options import POSITIVE, SEED, Count, Rate
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.models import Architecture, architecture, architectures_with
 
 log = logging.getLogger("lmforge")
 
@@ -69,31 +71,40 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole prefix at every step (slow)")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=16, metavar="N",
                    help="prompts per batch (default 16)")
+    p.add_argument("--continuation-only", action="store_true",
+                   help="print what a language model adds, without the prompt (default: the prompt, then the "
+                        "continuation)")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt with every hypothesis and score")
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from lmforge.generation import GenerationConfig
+    from lmforge.generation.text import encode_prompt, generate_batched, generated_text, load_generator
 
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size {args.batch_size} must be >= 1")
     options = _options(args)
     config = GenerationConfig(**options)  # validates the options before the model is loaded
-    model, tokenizer, family = _load(args.model)
+    model, tokenizer, family = load_generator(args.model)
     texts, where = _read_prompts(args)
     special = _special_ids(tokenizer, args.stop)
     # An encoder-decoder's decoder starts from [CLS] (its training targets are [CLS] y [SEP]); a causal LM
     # continues the prompt and needs no start token.
     config = config.replace(eos_id=tokenizer.sep_id, stop_ids=special, pad_id=tokenizer.pad_id,
                             bos_id=tokenizer.cls_id if family.has_encoder_decoder else None)
-    prompts = [_encode(tokenizer, text, family, where(i), model.config.max_seq_len) for i, text in enumerate(texts)]
+    prompts = [encode_prompt(tokenizer, text, family, where(i), model.config.max_seq_len)
+               for i, text in enumerate(texts)]
     results = generate_batched(model, prompts, config, args.batch_size)
     out = sys.stdout
-    for text, result in zip(texts, results, strict=True):
-        generations = [{"text": tokenizer.decode(seq, skip_special_tokens=True), "score": round(score, 6),
-                        "log_prob": round(log_prob, 6), "tokens": len(seq),
-                        "stop": None if stop is None else tokenizer.convert_ids_to_tokens([stop])[0]}
-                       for seq, score, log_prob, stop in zip(*result, strict=True)]
+    continues = not family.has_encoder_decoder
+    for text, ids, result in zip(texts, prompts, results, strict=True):
+        generations = []
+        for seq, score, log_prob, stop in zip(*result, strict=True):
+            tail = generated_text(tokenizer, text, ids, seq, continues=continues, full_text=False)
+            full = generated_text(tokenizer, text, ids, seq, continues=continues, full_text=True)
+            generations.append({"text": tail if args.continuation_only else full, "continuation": tail,
+                                "score": round(score, 6), "log_prob": round(log_prob, 6), "tokens": len(seq),
+                                "stop": None if stop is None else tokenizer.convert_ids_to_tokens([stop])[0]})
         if args.json:
             out.write(json.dumps({"prompt": text, "generations": generations}, ensure_ascii=False) + "\n")
         else:
@@ -124,31 +135,6 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _load(directory: str) -> tuple[Any, Any, Architecture]:
-    """The model, its tokenizer and its family's record; refuses models that do not generate."""
-    from lmforge.persistence import load_pretrained
-
-    loaded = load_pretrained(directory, with_head=False)
-    arch = loaded.config.arch
-    family = architecture(arch)
-    if not family.generates:
-        # a task model built on another family's folder (ELMo on its biLM): that folder generates
-        base = [name for name in architectures_with("generates") if architecture(name).finetune_as == arch]
-        if base:
-            raise LmforgeError(f"{directory} holds a fine-tuned {arch!r} model, which does not generate; generation "
-                               f"needs the {base[0]!r} folder it was fine-tuned from (its language model)")
-        raise LmforgeError(f"{directory} holds a {arch!r} model; generation needs a GPT decoder (lmforge pretrain "
-                           "--objective clm) or an encoder-decoder (lmforge train-seq2seq): one of "
-                           f"{', '.join(architectures_with('generates'))}")
-    if loaded.tokenizer is None:
-        raise InputFileError(f"{directory}: no tokenizer to turn text into ids (neither a WordPiece vocab.txt nor a "
-                             "byte-level BPE vocab.json + merges.txt). Save the model with its tokenizer, or call "
-                             "lmforge.generation.generate on token ids from Python")
-    log.info("loaded %s (%s, %d layers, vocabulary %d)", directory, arch, loaded.config.n_layers,
-             loaded.config.vocab_size)
-    return loaded.model, loaded.tokenizer, family
-
-
 def _read_prompts(args: argparse.Namespace) -> tuple[list[str], Any]:
     if args.prompt is not None:
         return [args.prompt], lambda i: "--prompt"
@@ -169,49 +155,3 @@ def _special_ids(tokenizer: Any, stops: list[str]) -> list[int]:
                                "'.' or '[SEP]' (word pieces are written '##ing')")
         ids.append(tokenizer.vocab[token])
     return ids
-
-
-def _encode(tokenizer: Any, text: str, family: Architecture, where: str, max_len: int) -> list[int]:
-    """The ids of one prompt as training made them (see the module docstring); refuses a prompt longer than the
-    positions the model has."""
-    pieces = tokenizer.encode_ids(text)
-    if not pieces:
-        raise LmforgeError(f"{where}: the prompt is empty (no tokens); give some text")
-    # A causal LM's prompt looks like the start of a document: right after the [SEP] that ends the previous one.
-    ids = [tokenizer.sep_id, *pieces] if family.is_causal_lm else pieces
-    if family.position_limited and len(ids) > max_len:  # a recurrent model reads any length
-        extra = " with the leading [SEP]" if family.is_causal_lm else ""
-        raise LmforgeError(f"{where}: the prompt has {len(ids)} tokens{extra}, longer than the model's context "
-                           f"(max_seq_len={max_len}); shorten it")
-    return ids
-
-
-def generate_batched(model: Any, prompts: list[list[int]], config: Any, batch_size: int) -> list[tuple]:
-    """Generate for id lists in batches of similar length (padded on the left); results in the input order, each
-    ``(sequences, scores, log_probs, stop_tokens)`` of one prompt."""
-    import torch
-
-    from lmforge.generation import generate
-
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding per batch
-    results: list[tuple] = [()] * len(prompts)
-    generator = None
-    if config.strategy == "sample":  # one stream for the whole run: batches do not repeat each other's draws
-        generator = torch.Generator()
-        if config.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(config.seed)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        width = max(len(prompts[i]) for i in chunk)
-        ids = torch.full((len(chunk), width), config.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            n = len(prompts[i])
-            ids[row, width - n:] = torch.tensor(prompts[i], dtype=torch.long)
-            mask[row, width - n:] = 1
-        out = generate(model, ids, mask, config=config, generator=generator)
-        for row, i in enumerate(chunk):
-            results[i] = (out.sequences[row], out.scores[row], out.log_probs[row], out.stop_tokens[row])
-    return results

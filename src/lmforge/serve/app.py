@@ -335,7 +335,7 @@ class ServedModel:
             warnings.append(f"max_new_tokens={new_tokens} reduced to {self.config.max_seq_len}: the decoder reads "
                             f"at most max_seq_len={self.config.max_seq_len} positions")
             new_tokens = self.config.max_seq_len
-        options = body.model_dump(exclude={"texts", "prompts"})
+        options = body.model_dump(exclude={"texts", "prompts", "return_full_text"})
         options["max_new_tokens"] = new_tokens
         tok = self.tokenizer
         options.update(eos_id=tok.sep_id, bos_id=tok.cls_id, pad_id=tok.pad_id)
@@ -343,15 +343,17 @@ class ServedModel:
             GenerationConfig(**options)  # validates every option with a message naming it
         except LmforgeError as err:
             raise ApiError(422, str(err)) from None
-        key = tuple(sorted(options.items()))
+        key = tuple(sorted(options.items())) + (("return_full_text", body.return_full_text),)
         if options["strategy"] == "sample":
             key += (("request", next(self._sample_requests)),)
         return key, warnings
 
     def run_generate(self, key: Hashable, prompts: list[str]) -> list[Any]:
         from lmforge.generation import GenerationConfig, generate
+        from lmforge.generation.text import generated_text
 
-        options = {k: v for k, v in key if k != "request"}  # type: ignore[union-attr]
+        options = {k: v for k, v in key if k not in ("request", "return_full_text")}  # type: ignore[union-attr]
+        full_text = dict(key)["return_full_text"]  # type: ignore[arg-type]
         config = GenerationConfig(**options)
         rows = [self.prompt_ids(p) for p in prompts]
         ids = torch.full((len(rows), max(map(len, rows))), self.tokenizer.pad_id, dtype=torch.long)
@@ -360,9 +362,11 @@ class ServedModel:
             ids[r, :len(row)] = torch.tensor(row)
             mask[r, :len(row)] = 1
         out = generate(self.model, ids.to(self.device), mask.to(self.device), config=config)
-        return [{"texts": [self.tokenizer.decode(s, skip_special_tokens=True) for s in hyps],
+        continues = not self.family.has_encoder_decoder
+        return [{"texts": [generated_text(self.tokenizer, prompt, row, s, continues=continues, full_text=full_text)
+                           for s in hyps],
                  "token_ids": [list(s) for s in hyps], "scores": [float(x) for x in scores]}
-                for hyps, scores in zip(out.sequences, out.scores, strict=True)]
+                for prompt, row, hyps, scores in zip(prompts, rows, out.sequences, out.scores, strict=True)]
 
 
 def _hf_has_mlm(directory: Path) -> bool:

@@ -162,7 +162,9 @@ class Answer(_Response):
 
 
 class Generation(_Response):
-    texts: list[str] = Field(description="the hypotheses of this prompt, best first (detokenized)")
+    texts: list[str] = Field(description="the hypotheses of this prompt, best first: a language model's prompt "
+                                         "followed by its continuation (its continuation alone with "
+                                         "return_full_text false), an encoder-decoder's target; word pieces joined")
     token_ids: list[list[int]] = Field(description="their generated token ids (the stop token excluded)")
     scores: list[float] | None = Field(None, description="their scores (beam search: the ranking score)")
 
@@ -225,6 +227,8 @@ def build_schemas(limits: Limits) -> SimpleNamespace:
         repetition_penalty: Annotated[float, Field(gt=0)] = 1.0
         no_repeat_ngram_size: Annotated[int, Field(ge=0)] = 0
         seed: int | None = None
+        return_full_text: bool = Field(True, description=(
+            "a language model's texts start with the prompt (true) or hold the continuation alone (false)"))
 
         @model_validator(mode="after")
         def _one_spelling(self):  # texts, or the deprecated prompts, exactly once
