@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from lmforge import __version__
 from lmforge.commands import compare as compare_cmd
@@ -86,10 +89,46 @@ GROUP_HELP = {"tokenizer": "train and use WordPiece tokenizers", "data": "prepar
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with the CLI's one-line errors: ``lmforge: error: <command>: <what>; see <command> --help``."""
+    """argparse with the CLI's one-line errors: ``lmforge: error: <command>: <what>; see <command> --help``.
+
+    Options are never abbreviated (``--epoch`` is not taken for ``--epochs``: a prefix that works today would
+    change meaning when a longer option is added); an unknown option or command gets the closest known ones as
+    suggestions instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
+        match = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if match:  # a mistyped command
+            choices = re.findall(r"'?([\w-]+)'?", match.group(2))
+            message = f"{message}{_suggestion(match.group(1), choices)}"
         self.exit(2, f"lmforge: error: {self.prog}: {message}; see `{self.prog} --help`\n")
+
+    def option_names(self) -> list[str]:
+        return [name for action in self._actions for name in action.option_strings if name.startswith("--")]
+
+
+def _suggestion(word: str, known: Sequence[str]) -> str:
+    """``" (did you mean --epochs?)"`` for the closest of ``known`` to ``word``, or ``""`` when none is close."""
+    close = difflib.get_close_matches(word, known, n=2, cutoff=0.75)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(close)}?)"
+
+
+def _unknown_message(parser: argparse.ArgumentParser, bad: list[str]) -> str:
+    """``unrecognized arguments: --epoch 3 (did you mean --epochs?)``: each unknown option with its suggestion."""
+    known = parser.option_names() if isinstance(parser, Parser) else []
+    hints = []
+    for arg in bad:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, known, n=2, cutoff=0.75) if name.startswith("--") else []
+        if close:
+            hints.append(f"{name}: did you mean {' or '.join(close)}?")
+    return f"unrecognized arguments: {' '.join(bad)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,15 +179,17 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:  # parse errors (and --help) end here with their exit code, also when main() is called in-process
-        args, unknown = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+        words = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+        args, unknown = parser.parse_known_args(words)
         if unknown:
             dotted = [u for u in unknown if u.startswith("--") and "=" in u and "." in u.split("=", 1)[0]]
             if hasattr(args, "overrides") and len(dotted) == len(unknown):
                 args.overrides = [*args.overrides, *dotted]
             else:
                 bad = [u for u in unknown if u not in dotted] if hasattr(args, "overrides") else unknown
-                getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(bad)}")
-        check_required(args)
+                command_parser = getattr(args, "command_parser", parser)
+                command_parser.error(_unknown_message(command_parser, bad))
+        check_required(args, words)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
     setup_logging(args.quiet, verbose=args.verbose)

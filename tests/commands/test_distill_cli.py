@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 import torch
@@ -53,6 +54,9 @@ def test_distilbert_triple_loss_student(teacher, tmp_path, caplog, capsys):
         assert {"loss_ce", "loss_mlm", "loss_cos", "distill_ce", "teacher_agreement"} <= set(r)
         assert r["loss"] == pytest.approx(r["loss_ce"] + r["loss_mlm"] + r["loss_cos"], rel=1e-4)
         assert r["loss_ce"] == pytest.approx(5.0 * r["distill_ce"], rel=1e-4)
+    final = [r for r in records(out) if "eval_ppl_mlm" in r][-1]  # the student's MLM perplexity, not the weighted
+    assert final["eval_loss_mlm"] == pytest.approx(2.0 * final["eval_distill_mlm"], rel=1e-4)  # alpha_mlm = 2
+    assert final["eval_ppl_mlm"] == pytest.approx(math.exp(final["eval_distill_mlm"]), rel=1e-4)
     student = load_pretrained(out)
     assert student.config.n_layers == 2 and student.config.type_vocab_size == 0 and not student.config.pooler
     assert student.head == {"type": "mlm"}
@@ -90,12 +94,28 @@ def test_headless_teacher_uses_attention_relations(teacher, tmp_path, caplog, ca
     (["--alpha-ce", "5"], "needs a teacher with an MLM head"),
     (["--student", "gpt-nano"], "distillation trains an encoder"),
     (["--student-layers", "0,7"], "student_layers=[0, 7]"),
+    (["--student-layers", "0,2,0"], "layer 0 is listed twice"),
 ])
 def test_bad_distillation_options(teacher, tmp_path, capsys, extra, message):
     code = main(["distill", "--teacher", str(teacher / "headless"), "--input", str(teacher / "data"), "--out",
                  str(tmp_path / "x"), "--max-steps", "1", "--batch-size", "2", "--seq-len", "32", *extra])
     assert code != 0
     assert message in capsys.readouterr().err
+
+
+def test_a_decoder_folder_is_no_student(teacher, tmp_path, capsys):
+    from lmforge.config import ModelConfig
+    from lmforge.models.decoder import Decoder
+
+    loaded = load_backbone(teacher / "headless")
+    config = ModelConfig(arch="decoder", vocab_size=loaded.config.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                         d_ff=32, max_seq_len=32)
+    save_pretrained(Decoder(config), tmp_path / "gpt", tokenizer=loaded.tokenizer)
+    code = main(["distill", "--teacher", str(teacher / "headless"), "--student", str(tmp_path / "gpt"), "--input",
+                 str(teacher / "data"), "--out", str(tmp_path / "x"), "--max-steps", "1", "--batch-size", "2"])
+    assert code != 0
+    assert "holds a 'decoder' model; distillation trains an encoder" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_minilm_teacher(minilm_dir, bbc_dir, tmp_path, capsys):

@@ -100,3 +100,30 @@ def test_the_command_line_help_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stderr[-2000:]
+
+
+def test_options_are_never_abbreviated_and_typos_get_a_suggestion(capsys):
+    assert main(["finetune", "--epoch", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --epoch 3" in err and "did you mean --epochs?" in err
+    assert main(["pretrain", "--budgett", "3m"]) == 2
+    assert "--budgett: did you mean --budget?" in capsys.readouterr().err
+    assert main(["finetun"]) == 2
+    assert "invalid choice: 'finetun'" in (err := capsys.readouterr().err) and "did you mean finetune?" in err
+    assert main(["finetune", "--zzzz", "1"]) == 2
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no suggestion
+
+
+def test_a_flag_shows_no_default_in_its_help(parser):
+    for path, sub in walk(parser):
+        for action in sub._actions:
+            if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                assert "(default: True)" not in (action.help or ""), f"{path} {action.option_strings}"
+                assert "(default: False)" not in (action.help or ""), f"{path} {action.option_strings}"
+
+
+def test_an_option_given_in_both_spellings_is_refused(capsys):
+    assert main(["evaluate", "--model", "m", "--data", "a.csv", "--test", "b.csv"]) == 2
+    assert "--data is the old spelling of --test, and both are given; give --test only" in capsys.readouterr().err
+    assert main(["evaluate", "--model", "m", "--test", "b.csv", "--data=a.csv"]) == 2
+    assert "give --test only" in capsys.readouterr().err

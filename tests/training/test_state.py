@@ -65,3 +65,33 @@ def test_the_constructor_changes_nothing_on_disk(tmp_path):
     trainer.fit()
     (aside,) = tmp_path.glob("run.old-*")  # the old run was moved aside when fit() started
     assert (aside / "metrics.jsonl").is_file() and (out / "metrics.jsonl").is_file()
+
+
+class _Unsafe:  # not a type torch.load(weights_only=True) accepts
+    pass
+
+
+def test_an_unreadable_state_names_the_older_checkpoints_and_never_advises_unsafe_loading(tmp_path):
+    import pytest
+
+    from lmforge.errors import InputFileError
+
+    checkpoints = tmp_path / ckpt.CHECKPOINTS_DIR
+    for step in (10, 20, 30):
+        (checkpoints / f"step-{step}").mkdir(parents=True)
+        torch.save({"format": ckpt.STATE_FORMAT, "step": step}, checkpoints / f"step-{step}" / ckpt.STATE_NAME)
+    torch.save({"format": ckpt.STATE_FORMAT, "object": _Unsafe()}, checkpoints / "step-30" / ckpt.STATE_NAME)
+    with pytest.raises(InputFileError) as caught:
+        ckpt.load_trainer_state(checkpoints / "step-30")
+    message = str(caught.value)
+    assert "weights_only" not in message and "Weights only" not in message
+    assert message.index("step-20") < message.index("step-10") and "--resume PATH" in message
+    (checkpoints / "step-20" / ckpt.STATE_NAME).write_bytes(b"not a torch file")  # corrupt, not unsafe
+    with pytest.raises(InputFileError, match=r"cannot read the trainer state.*: the file is corrupt") as caught:
+        ckpt.load_trainer_state(checkpoints / "step-20")
+    assert str(caught.value).endswith("step-10") and "weights_only" not in str(caught.value)  # only older ones
+    with pytest.raises(InputFileError, match="Start afresh"):  # a lone checkpoint folder
+        alone = tmp_path / "alone"
+        alone.mkdir()
+        (alone / ckpt.STATE_NAME).write_bytes(b"\x00" * 8)
+        ckpt.load_trainer_state(alone)

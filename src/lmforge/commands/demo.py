@@ -95,7 +95,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m lmforge.demo``: the demo with its own parser (errors as ``lmforge demo: ...``, exit code 2)."""
-    parser = argparse.ArgumentParser(description=DESCRIPTION)
+    parser = argparse.ArgumentParser(description=DESCRIPTION, allow_abbrev=False)
     add_demo_arguments(parser)
     args = parser.parse_args(argv)
     setup_logging()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from lmforge.commands.options import annotate_ranges
 
@@ -46,8 +46,8 @@ SHARED_HELP: dict[str, str] = {
     "--out": "where the command writes its output",
     "--overwrite": "replace an existing output (a run folder is renamed aside, never deleted); without it an "
                    "existing output is refused",
-    "--resume": "auto: continue from the newest checkpoint in --out (the default recovery after a crash or kill); "
-                "never: start afresh; PATH: continue from that checkpoint folder",
+    "--resume": "auto: continue from the newest checkpoint in --out (what to run after a crash or kill); never: "
+                "start afresh; PATH: continue from that checkpoint folder",
     "--seed": "random seed (the same seed gives the same run)",
     "--lr": "the peak learning rate",
 }
@@ -59,7 +59,7 @@ _SAME_MEANING = {"--lr": "learning rate"}
 _RESOLVED_DEFAULTS: dict[str, dict[str, str]] = {
     "pretrain": {"--max-steps": "1000 without --budget", "--budget": "none: --max-steps ends the run",
                  "--lr": "1e-4", "--batch-size": "the preset's", "--seq-len": "128",
-                 "--save-every": "the training config's cadence", "--eval-every": "0 (off)", "--seed": "0",
+                 "--save-every": "the training config's cadence", "--eval-every": "0", "--seed": "0",
                  "--precision": "fp32", "--micro-batch-size": "= --batch-size", "--masking": "the objective's"},
 }
 
@@ -112,8 +112,9 @@ def _rename(parser: argparse.ArgumentParser, old: str, new: str) -> None:
 
 def _describe_default(action: argparse.Action) -> str | None:
     value = action.default
-    if value in (None, False, argparse.SUPPRESS) or value == [] or isinstance(action, argparse._StoreTrueAction):
-        return None
+    if value in (None, False, argparse.SUPPRESS) or value == [] or isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction)):
+        return None  # a flag: its help says what giving it does
     return str(value)
 
 
@@ -145,10 +146,19 @@ def apply_vocabulary(parser: argparse.ArgumentParser) -> None:
                              help="also print debug messages (also before the command)")
 
 
-def check_required(args: argparse.Namespace) -> None:
+def check_required(args: argparse.Namespace, argv: Sequence[str] = ()) -> None:
     """After parsing: a renamed required option given by neither spelling stops the command (argparse's own
-    check cannot see the old spelling, so the rename moved it here)."""
+    check cannot see the old spelling, so the rename moved it here), and so does one given by both spellings
+    (``evaluate --data a.csv --test b.csv``: argparse would keep the last one without a word)."""
     parser = getattr(args, "command_parser", None)
+
+    def given(option: str) -> bool:
+        return any(arg == option or arg.startswith(option + "=") for arg in argv)
+
+    for action in getattr(parser, "_actions", []):
+        if isinstance(action, _Deprecated) and given(action.option_strings[0]) and given(action.new):
+            parser.error(f"{action.option_strings[0]} is the old spelling of {action.new}, and both are given; "
+                         f"give {action.new} only")
     missing = [a.option_strings[0] for a in getattr(parser, "_lmforge_required", [])
                if getattr(args, a.dest, None) is None]
     if missing:

@@ -157,6 +157,11 @@ class DistillationObjective:
     def terms(self) -> list[str]:
         return list(self.weights)
 
+    @property
+    def term_weights(self) -> dict[str, float]:
+        """The weight on each term: the Trainer reports ``eval_ppl_mlm`` of the unweighted masked-LM loss."""
+        return dict(self.weights)
+
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         predicted = int((batch["mlm_labels"] != IGNORE).sum())
         mask = batch.get("attention_mask")

@@ -89,6 +89,10 @@ def student_from_teacher(teacher_backbone, teacher_config, layers: list[int] | N
     if not layers or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < L for i in layers):
         raise LmforgeError(f"student_layers={layers}: give teacher layer indices in 0 .. {L - 1} (e.g. "
                            f"{','.join(map(str, every_other_layer(L)))})")
+    repeated = sorted({i for i in layers if layers.count(i) > 1})
+    if repeated:
+        raise LmforgeError(f"student_layers={layers} (--student-layers): layer {repeated[0]} is listed twice; each "
+                           "teacher layer can start one student layer (e.g. 0,2,4)")
     if teacher_config.arch != "encoder":
         raise LmforgeError(f"the teacher is a {teacher_config.arch!r} model; distillation takes an encoder teacher "
                            "(a BERT-style model folder)")
@@ -138,6 +142,9 @@ def build_student(run: DistillRun, teacher) -> tuple[Any, Any]:
         loaded = load_pretrained(run.student)
         values = {**to_dict(loaded.config), **run.model}
         config = from_dict(ModelConfig, values, where=f"--student {run.student}")
+        if config.arch != "encoder":
+            raise LmforgeError(f"--student {run.student} holds a {config.arch!r} model; distillation trains an "
+                               "encoder (a BERT, ALBERT or DistilBERT folder, or a preset such as bert-mini)")
         backbone = _backbone(loaded.model)
         head = getattr(loaded.model, "head", None)
         head_state = head.state_dict() if head is not None and hasattr(head, "mlm") else None

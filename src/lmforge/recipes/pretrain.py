@@ -119,6 +119,25 @@ class PretrainRun:
 
     def __post_init__(self) -> None:
         check_finetune_defaults(self.finetune, "pretrain")  # a bad [finetune] table fails before any work
+        self._check_masking()
+
+    def _check_masking(self) -> None:
+        """Masking settings an objective would ignore are refused (a biLM or GPT run with --masking span would
+        otherwise train exactly as without it)."""
+        from lmforge.objectives.registry import OBJECTIVES
+
+        objective = OBJECTIVES.get(self.data.objective)
+        if objective is None or objective.masking == "config":
+            return
+        takers = ", ".join(name for name, o in OBJECTIVES.items() if o.masking == "config")
+        defaults = DataConfig()
+        if self.data.masking != defaults.masking and self.data.masking != objective.masking:
+            what = (f"always masks {objective.masking}s" if objective.masking else "masks no tokens")
+            raise LmforgeError(f"data.masking={self.data.masking!r} (--masking): objective {objective.name!r} "
+                               f"{what}; leave the option out, or choose an objective that takes it ({takers})")
+        if objective.masking is None and self.data.mask_prob != defaults.mask_prob:
+            raise LmforgeError(f"data.mask_prob={self.data.mask_prob:g}: objective {objective.name!r} masks no "
+                               "tokens; leave data.mask_prob out")
 
     @classmethod
     def _upgrade_values(cls, values: dict[str, Any], where: str) -> dict[str, Any]:

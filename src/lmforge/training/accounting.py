@@ -136,13 +136,16 @@ def window_record(window: dict[str, Any], *, step: int, epoch: int, lr: float, t
     return record
 
 
-def eval_result(names: list[str], totals: dict[str, float]) -> dict[str, float]:
+def eval_result(names: list[str], totals: dict[str, float],
+                weights: dict[str, float] | None = None) -> dict[str, float]:
     """The evaluation record from the global sums: ``eval_loss`` (the sum of the terms), ``eval_loss_<term>``,
     ``eval_ppl_<term>`` for language-model terms, ``eval_<metric>`` and the perplexities of NLL metrics.
 
     Args:
         names: every summed name (``loss/<term>`` and metric names), the same on every process.
         totals: ``<name>/sum`` and ``<name>/count`` summed over all processes.
+        weights: the weight an objective applied to a term (its ``term_weights``, e.g. distillation's alpha_mlm =
+            2): the term's perplexity is that of the unweighted loss, exp(loss / weight).
     """
     result: dict[str, float] = {"eval_loss": 0.0}
     for name in names:
@@ -152,7 +155,8 @@ def eval_result(names: list[str], totals: dict[str, float]) -> dict[str, float]:
             result[f"eval_loss_{term}"] = total / max(count, 1.0)
             result["eval_loss"] += result[f"eval_loss_{term}"]
             if term in PERPLEXITY_TERMS:
-                result[f"eval_ppl_{term}"] = math.exp(min(result[f"eval_loss_{term}"], 700.0))
+                weight = (weights or {}).get(term, 1.0)
+                result[f"eval_ppl_{term}"] = math.exp(min(result[f"eval_loss_{term}"] / weight, 700.0))
         else:
             result[f"eval_{name}"] = total / count if count else 0.0
     result.update(perplexities(result))

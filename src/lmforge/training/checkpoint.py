@@ -339,8 +339,12 @@ def load_trainer_state(directory: str | Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for corrupt or unsafe files
-        raise InputFileError(f"{path}: cannot read the trainer state ({err}); the file is corrupt or was not "
-                             "written by lmforge") from err
+        # torch's own message advises loading with weights_only=False, which runs any code the file holds: never
+        # passed on. The way out is an older checkpoint of the same run.
+        reason = str(err).strip().partition("\n")[0]
+        reason = "" if "weights_only" in reason or "Weights only" in reason else f" ({reason[:160]})"
+        raise InputFileError(f"{path}: cannot read the trainer state{reason}: the file is corrupt, cut short or "
+                             f"was not written by lmforge. {_older_checkpoints_advice(Path(directory))}") from err
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise InputFileError(f"{path}: not an lmforge trainer state")
     if state.get("version", 0) > STATE_VERSION:
@@ -349,6 +353,22 @@ def load_trainer_state(directory: str | Path) -> dict[str, Any]:
     from lmforge.training.state import migrate_state
 
     return migrate_state(state)
+
+
+def _older_checkpoints_advice(directory: Path) -> str:
+    """What to resume from instead of a checkpoint that cannot be read: the run's other checkpoints, newest
+    first."""
+    parent = directory.parent
+    own = _STEP_DIR.match(directory.name)
+    steps = []
+    for sibling in parent.glob("step-*") if parent.name == CHECKPOINTS_DIR and own else ():
+        match = _STEP_DIR.match(sibling.name)
+        if match and int(match.group(1)) < int(own.group(1)) and (sibling / STATE_NAME).is_file():
+            steps.append((int(match.group(1)), sibling))
+    if not steps:
+        return "Start afresh (--resume never) or resume from another copy of the run"
+    names = ", ".join(str(p) for _, p in sorted(steps, reverse=True)[:3])
+    return f"Resume from an older checkpoint instead (--resume PATH): {names}"
 
 
 def config_differences(saved: dict[str, Any] | None, current: dict[str, Any] | None, prefix: str = "",

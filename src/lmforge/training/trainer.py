@@ -425,7 +425,7 @@ class Trainer:
         names = sorted({n for theirs in dist.gather_objects(sorted(sums), self.dist) for n in theirs})
         totals = self._global_sums({f"{n}/{part}": sums.get(n, [0.0, 0.0])[j] for n in names
                                     for j, part in enumerate(("sum", "count"))})
-        return eval_result(names, totals)
+        return eval_result(names, totals, getattr(self.objective, "term_weights", None))
 
     @property
     def _evaluates(self) -> bool:
