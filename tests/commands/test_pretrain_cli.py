@@ -340,6 +340,9 @@ def test_init_from_continues_a_transformer_run_and_refuses_a_size_change(prepare
     assert a.keys() == b.keys()
     for name in a:  # two Adam steps at lr 1e-9 move no weight by more than ~2e-9: the second run starts at the first
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-7, msg=name)
+    # the recorded preset is the first run's, not the default the continued run never used
+    recorded = json.loads((second / "run_config.json").read_text())
+    assert recorded["preset"] == preset and recorded["init_from"] == str(first)
     code = main(["pretrain", "--init-from", str(first), "--out", str(tmp_path / "third"), *base,
                  "--model.d_ff=64"])
     assert code != 0 and "change d_ff" in capsys.readouterr().err

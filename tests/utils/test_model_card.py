@@ -71,3 +71,19 @@ def test_a_damaged_history_comment_is_ignored(tmp_path, history):
     write_model_card(tmp_path, command=["lmforge", "pretrain"])
     card = (tmp_path / "README.md").read_text()
     assert [line for line in card.splitlines() if line.startswith("lmforge ")] == ["lmforge pretrain"]
+
+
+@pytest.mark.parametrize(("model", "shown", "absent"), [
+    ({"arch": "awd_lstm", "vocab_size": 50, "d_model": 16, "d_hidden": 24, "n_layers": 3, "n_heads": 12,
+      "d_ff": 512, "max_seq_len": 1048576}, "vocab_size=50, d_model=16, d_hidden=24, n_layers=3",
+     ("n_heads", "d_ff", "max_seq_len")),
+    ({"arch": "decoder", "vocab_size": 50, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 64,
+      "max_seq_len": 32}, "vocab_size=50, d_model=16, n_layers=2, n_heads=2, d_ff=64, max_seq_len=32",
+     ("d_hidden",)),
+])
+def test_the_sizes_shown_are_the_familys_own(tmp_path, model, shown, absent):
+    (tmp_path / "config.json").write_text(json.dumps({"format": "lmforge", "model": model, "head": None}))
+    write_model_card(tmp_path, command=["lmforge", "pretrain"])
+    sizes = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("Actual"))
+    assert sizes == f"Actual sizes: {shown}."
+    assert not any(name in sizes for name in absent)

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from lmforge.choices import LONG_TEXT, TAG_SCHEMES, TASKS
 from lmforge.commands.options import FRACTION, LEARNING_RATE, SEED, Count, Rate
@@ -156,12 +157,53 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
                    help="labelled data in the task's format; a gold label the model cannot produce (never in its "
                         "training data) is scored as a miss, with a warning")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
+    _add_input_arguments(p, labels=True)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
     p.add_argument("--out", dest="output", metavar="FILE.json",
                    help="also write the metrics here, and beside them, for classification, tagging and span labeling, "
                         "the per-class report (FILE.per_class.json and .md: "
                         "precision, recall, F1, support) and the confusion matrix (FILE.confusion.png)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+
+
+def _add_input_arguments(p: argparse.ArgumentParser, *, labels: bool) -> None:
+    """The options that say how to read a file whose layout differs from the training file's."""
+    p.add_argument("--text-column", help="the column of the text (default: the one the model was trained on)")
+    p.add_argument("--text-pair-column", help="pair models: the column of the second text (default: the training "
+                                              "file's)")
+    if labels:
+        p.add_argument("--label-column", help="the column of the gold label (default: the training file's)")
+    p.add_argument("--max-length", type=Count(8, 1_000_000),
+                   help="tokens per input, with [CLS]/[SEP], up to the model's positions (default: the length the "
+                        "model was fine-tuned with)")
+
+
+def with_input_options(task: Any, args: argparse.Namespace, model_positions: int, folder: str) -> Any:
+    """``task`` reading its input as ``--text-column`` / ``--text-pair-column`` / ``--label-column`` and
+    ``--max-length`` say (each left as fine-tuned when not given)."""
+    from dataclasses import replace
+
+    changes = {name: getattr(args, name, None) for name in ("text_column", "text_pair_column", "label_column",
+                                                            "max_length")}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    from lmforge.tasks.base import COMMON_OPTIONS
+
+    unknown = [k for k in changes if k not in (*COMMON_OPTIONS, *task.options)]
+    if unknown:
+        flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
+        raise LmforgeError(f"{flags}: {folder} is a {task.config.task!r} model, whose input has no such column; "
+                           "leave the option out")
+    if changes.get("max_length", 0) > model_positions:
+        raise LmforgeError(f"--max-length {changes['max_length']} exceeds the {model_positions} positions of the "
+                           f"model in {folder}; give at most {model_positions}")
+    if changes:
+        task.config = replace(task.config, **changes)
+    return task
+
+
+def _member_input_options(ensemble: Ensemble, args: argparse.Namespace) -> None:
+    for folder, (model, task, _) in zip(ensemble.folders, ensemble.members, strict=True):
+        with_input_options(task, args, model.backbone.config.max_seq_len, folder)
 
 
 def _compile_members(ensemble: Ensemble, args: argparse.Namespace) -> None:
@@ -199,6 +241,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     show = _progress("evaluate")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
+        _member_input_options(ensemble, args)
         _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.data, labelled=True)
         task.warn_unknown_labels(examples, args.data)
@@ -206,6 +249,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             predictions = ensemble.predict(examples, args.data, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
+        task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
         if args.compile:
             compile_in_place(model)
         examples = task.read(args.data, labelled=True)
@@ -256,6 +300,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
                    "any present are ignored, even ones the model never saw)")
     p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
+    _add_input_arguments(p, labels=False)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
@@ -269,12 +314,14 @@ def run_predict(args: argparse.Namespace) -> int:
     show = _progress("predict")
     if len(folders) > 1:
         ensemble = Ensemble(folders)
+        _member_input_options(ensemble, args)
         _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.input, labelled=False)
         with compile_errors(args.compile):
             predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size, progress=show)
     else:
         model, task, tokenizer = load_task_model(folders[0])
+        task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
         if args.compile:
             compile_in_place(model)
         examples = task.read(args.input, labelled=False)

@@ -11,6 +11,9 @@ Formats
 
 * ``.csv``: comma-separated with a header row (the ``csv`` module: quoted fields may hold commas and line breaks);
 * ``.tsv``: tab-separated with a header row; quoting off (a ``"`` is an ordinary character, as in GLUE's files);
+* ``.parquet`` files and ``datasets`` folders (``Dataset.save_to_disk``; :mod:`lmforge.data.tables`, needs pyarrow):
+  the same columns, typed like JSON lines; a ClassLabel column gives its class names;
+* ``.txt`` (prediction input only): one text per line, no labels;
 * ``.jsonl`` / ``.json``: JSON lines — one object per line, blank lines skipped::
 
       {"text": "A fine film.", "label": "pos"}
@@ -331,11 +334,18 @@ def _text_field(path: Path, record: _Record, column: str, option: str) -> str:
 
 
 def _records(path: Path) -> tuple[bool, list[str], list[_Record]]:
-    """(is JSON lines, columns, records) of a CSV, TSV or JSON-lines file, chosen by its suffix."""
+    """(typed values, columns, records) of a CSV, TSV, JSON-lines or Parquet file or a ``datasets`` folder, chosen
+    by its suffix (typed: JSON lines and Arrow tables, whose numbers are numbers)."""
+    from lmforge.data.tables import TABLE_SUFFIXES, is_table_source, read_table_rows
+
+    if is_table_source(path):
+        columns, rows = read_table_rows(path)
+        return True, columns, [_Record(number, row) for number, row in enumerate(rows, start=1)]
     suffix = path.suffix.lower()
     if suffix not in _CLASSIFICATION_SUFFIXES:
         raise InputFileError(f"{path}: unknown file type {path.suffix!r}; use one of "
-                             f"{', '.join(_CLASSIFICATION_SUFFIXES)} (.json means JSON lines)")
+                             f"{', '.join(_CLASSIFICATION_SUFFIXES + TABLE_SUFFIXES)} (.json means JSON lines), a "
+                             "datasets folder (Dataset.save_to_disk), or .txt (one text per line) for prediction")
     text = _read_text(path)
     if suffix in (".jsonl", ".json"):
         return True, *_json_records(path, text)
@@ -368,6 +378,8 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
             regression file, malformed line; the message names ``FILE:LINE`` and the fix.
     """
     path = Path(path)
+    if path.suffix.lower() == ".txt" and path.is_file():
+        return _plain_texts(path, require_labels=require_labels, pair=pair)
     from_json, columns, records = _records(path)
     if not records:
         raise InputFileError(f"{path}: the file has a header but no examples")
@@ -403,6 +415,24 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
     examples = [ClassificationExample(first, second, label, line)
                 for (line, first, second), label in zip(texts, labels, strict=True)]
     return ClassificationData(examples, kind, str(path))
+
+
+def plain_lines(path: Path) -> list[tuple[int, str]]:
+    """(line number, text) of every non-blank line of a plain text file."""
+    return [(number, line) for number, line in enumerate(_lines(_read_text(path)), start=1) if line.strip()]
+
+
+def _plain_texts(path: Path, *, require_labels: bool, pair: bool | None) -> ClassificationData:
+    """A ``.txt`` file: one text per line, no labels (prediction input)."""
+    if require_labels:
+        raise InputFileError(f"{path}: a .txt file holds one text per line and no labels; training and evaluation "
+                             "need labelled data (CSV, TSV, JSON lines, Parquet or a datasets folder with text and "
+                             "label columns)")
+    if pair is True:
+        raise InputFileError(f"{path}: the model classifies pairs of texts, and a .txt file holds one text per "
+                             "line; give a CSV/TSV/JSON-lines file with both text columns")
+    examples = [ClassificationExample(line, None, None, number) for number, line in plain_lines(path)]
+    return ClassificationData(examples, None, str(path))
 
 
 def read_choices(path: str | Path, *, text_column: str = "text", choices_column: str = "choices",
@@ -493,17 +523,27 @@ def _resolve_labels(path: Path, lines: list[int], labels: list[str | float | Non
 # ----------------------------------------------------------------------------------------------- CoNLL
 
 
-def read_conll(path: str | Path, *, require_tags: bool = True) -> list[TaggedSentence]:
+def read_conll(path: str | Path, *, require_tags: bool = True, tokens_column: str = "tokens",
+               tags_column: str | None = None) -> list[TaggedSentence]:
     """Read tagged tokens in CoNLL columns (token first, tag last; tabs or spaces; blank line between sentences).
 
     ``-DOCSTART-`` lines are skipped; several blank lines count as one; the last sentence need not be followed
     by a blank line; CRLF line ends are accepted. Tags are returned as written: check or convert their scheme
     with :mod:`lmforge.data.schemes`.
 
+    A Parquet file or a ``datasets`` folder holds one sentence per row: its words in ``tokens_column`` and its tags
+    in ``tags_column`` (default: the first of ``ner_tags``, ``tags``, ``labels`` present), as Hugging Face's NER
+    datasets do; ClassLabel tag ids become their names.
+
+    Prediction input (``require_tags`` False) may also be running text, one sentence per line, words split at
+    whitespace: a file whose lines have different numbers of words and no blank line between sentences.
+
     Args:
         path: the file.
         require_tags: True (training, evaluation) needs a tag column, i.e. at least two columns. False also
-            accepts one-column files (tokens only, e.g. text to tag), whose sentences have ``tags=None``.
+            accepts one-column files (tokens only, e.g. text to tag), whose sentences have ``tags=None``, and
+            running text.
+        tokens_column, tags_column: the columns of a Parquet file or datasets folder.
 
     Returns:
         The sentences in file order.
@@ -513,7 +553,14 @@ def read_conll(path: str | Path, *, require_tags: bool = True) -> list[TaggedSen
             when tags are required, a file without tokens.
     """
     path = Path(path)
+    from lmforge.data.tables import is_table_source
+
+    if is_table_source(path):
+        return _tagged_table(path, require_tags=require_tags, tokens_column=tokens_column, tags_column=tags_column)
     text = _read_text(path)
+    if not require_tags and _is_running_text(text):
+        # prediction input written as sentences, one per line: words split at whitespace
+        return [TaggedSentence(line.split(), None, number) for number, line in plain_lines(path)]
     sentences: list[TaggedSentence] = []
     tokens: list[str] = []
     tags: list[str] = []
@@ -541,7 +588,7 @@ def read_conll(path: str | Path, *, require_tags: bool = True) -> list[TaggedSen
             if n_columns == 1 and require_tags:
                 raise InputFileError(f"{path}:{number}: only one column (the token) — no tag column; a tagged "
                                      f"file has the token first and the tag last on each line, separated by a "
-                                     f"tab or spaces (pass require_tags=False to read untagged tokens)")
+                                     f"tab or spaces (untagged text is input for `lmforge predict`)")
         elif len(columns) != n_columns:
             raise InputFileError(f"{path}:{number}: expected {n_columns} columns, found {len(columns)} (line "
                                  f"{first_line} has {n_columns}); every token line needs the same columns — a "
@@ -554,6 +601,52 @@ def read_conll(path: str | Path, *, require_tags: bool = True) -> list[TaggedSen
     if not sentences:
         raise InputFileError(f"{path}: no tokens found (only blank or -DOCSTART- lines); a CoNLL file has one "
                              f"token per line with its tag in the last column")
+    return sentences
+
+
+def _is_running_text(text: str) -> bool:
+    """Whether an untagged file is sentences, one per line, rather than CoNLL columns: no blank line between its
+    lines and not the same number of whitespace-separated fields on every line (a CoNLL file of one sentence
+    has the same number of columns on every line)."""
+    lines = [line.strip(" \t") for line in _lines(text)]
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines or any(not line for line in lines) or any(line.startswith(_DOCSTART) for line in lines):
+        return False
+    widths = {len(_COLUMN_SEPARATOR.split(line)) for line in lines}
+    return len(widths) > 1 or (len(lines) == 1 and widths != {1})
+
+
+def _tagged_table(path: Path, *, require_tags: bool, tokens_column: str,
+                  tags_column: str | None) -> list[TaggedSentence]:
+    from lmforge.data.tables import read_table_rows
+
+    columns, rows = read_table_rows(path)
+    if tokens_column not in columns:
+        raise InputFileError(f"{path}: no {tokens_column!r} column (columns: {columns}); a tagged table holds "
+                             "each sentence's words as a list (Hugging Face's NER layout: tokens, ner_tags)")
+    if tags_column is None:
+        tags_column = next((c for c in ("ner_tags", "tags", "labels") if c in columns), None)
+    elif tags_column not in columns:
+        raise InputFileError(f"{path}: no tag column {tags_column!r} (columns: {columns})")
+    if tags_column is None and require_tags:
+        raise InputFileError(f"{path}: no tag column (ner_tags, tags or labels) among {columns}; training and "
+                             "evaluation need each sentence's tags")
+    sentences = []
+    for number, row in enumerate(rows, start=1):
+        words = row[tokens_column]
+        if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
+            raise InputFileError(f"{path}:{number}: {tokens_column} must be a non-empty list of words, found "
+                                 f"{json.dumps(words)[:80]}")
+        tags = row[tags_column] if tags_column is not None else None
+        if tags is not None:
+            if not isinstance(tags, list) or len(tags) != len(words):
+                raise InputFileError(f"{path}:{number}: {tags_column} must be a list of one tag per word "
+                                     f"({len(words)} words), found {json.dumps(tags)[:80]}")
+            tags = [str(t) for t in tags]
+        elif require_tags:
+            raise InputFileError(f"{path}:{number}: the sentence has no tags in {tags_column!r}")
+        sentences.append(TaggedSentence(list(words), tags, number))
     return sentences
 
 

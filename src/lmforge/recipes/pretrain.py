@@ -9,6 +9,7 @@ nothing more than ``torchrun`` (see ``lmforge.training.distributed``). ``lmforge
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -240,6 +241,22 @@ def _start_model(run: PretrainRun, vocab_size: int):
     return loaded
 
 
+def recorded_settings(run: PretrainRun) -> dict[str, Any]:
+    """The run's settings as ``run_config.json`` keeps them. A run started ``--init-from`` a folder takes its
+    model from that folder, not from ``preset``: the preset recorded is the folder's own (from its
+    ``run_config.json``), or none, never the unused default."""
+    values = to_dict(run)
+    if run.init_from:
+        values["preset"] = ""
+        try:
+            earlier = json.loads((Path(run.init_from) / "run_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            earlier = {}
+        if isinstance(earlier, dict) and isinstance(earlier.get("preset"), str):
+            values["preset"] = earlier["preset"]
+    return values
+
+
 def run_kind(run: PretrainRun) -> str:
     """What a pretraining run is, for the Trainer's resume check: the objective, and where the weights start."""
     start = f"starting from {run.init_from}" if run.init_from else "from scratch"
@@ -316,5 +333,5 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         scales = lr_scales(model, lr=run.train.lr, layer_decay=run.layer_decay)
     # saved models carry ``config``: with dropout_off, the module trains without dropout and the folder keeps it
     output = RunOutput(run.out, resume=resume, overwrite=overwrite, progress=progress, tokenizer=tokenizer,
-                       run_config=to_dict(run), run_kind=run_kind(run), model_config=config)
+                       run_config=recorded_settings(run), run_kind=run_kind(run), model_config=config)
     return Trainer(model, objective, train, run.train, output, eval_data=evaluation, lr_scales=scales)

@@ -189,6 +189,9 @@ class ServedModel:
             return f"a model fine-tuned for {self.task.config.task!r}"
         if "/fill-mask" in self.endpoints:
             return "a pretrained encoder with a masked-LM head"
+        if self.family.generates and self.family.encodes_text:  # a GPT, a biLM or BART: /generate and /embed
+            kind = "encoder-decoder" if self.family.has_encoder_decoder else "language model"
+            return f"a {self.config.arch} {kind} (text generation and embeddings)"
         if self.family.encodes_text:
             return "an encoder without a task head"
         return f"a {self.config.arch} (text generation)"

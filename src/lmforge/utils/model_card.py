@@ -60,6 +60,20 @@ def current_command() -> list[str] | None:
     return list(command) if command is not None else None
 
 
+def _size_keys(arch: Any) -> tuple[str, ...]:
+    """The size fields that describe a model of family ``arch``: a recurrent model has no heads, no feed-forward
+    width and no position limit, but the width of its LSTM layers."""
+    from lmforge.config.model import family_class
+
+    try:
+        cls = family_class(arch)
+    except Exception:  # an unknown family (a newer lmforge's folder): every size that is there
+        return _SIZE_KEYS
+    if getattr(cls, "transformer", True):
+        return _SIZE_KEYS
+    return ("vocab_size", "d_model", "d_hidden", "d_cell", "n_layers")
+
+
 def write_model_card(run_dir: str | Path, *, command: Sequence[str] | None = None) -> Path | None:
     """Write (or refresh) ``README.md`` in ``run_dir`` from the folder's files; return its path, or None when a
     README.md that lmforge did not write is in the way (it is left alone, with a warning).
@@ -133,7 +147,7 @@ def _what(model: dict[str, Any], head: dict[str, Any] | None, run: dict[str, Any
     arch = model.get("arch", "unknown")
     preset = run.get("preset") if isinstance(run.get("preset"), str) else None
     out.append(f"Model family `{arch}`{f' (preset `{preset}`)' if preset else ''}, {kind}.")
-    sizes = ", ".join(f"{k}={model[k]}" for k in _SIZE_KEYS if model.get(k) is not None)
+    sizes = ", ".join(f"{k}={model[k]}" for k in _size_keys(arch) if model.get(k) is not None)
     if sizes:
         out.append(f"Actual sizes: {sizes}.")
     n = _parameter_count(run_dir / "model.safetensors")
