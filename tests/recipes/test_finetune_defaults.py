@@ -50,3 +50,20 @@ def test_a_dev_metric_still_zero_after_an_epoch_names_the_options(logs):
 def test_no_hint_when_the_model_learns(logs):
     _hint(eval_every=10)({"f1": 0.25})
     assert not logs.records
+
+
+def test_a_classifier_predicting_one_class_is_named_whatever_the_metric(logs):
+    run = FinetuneRun(task=TaskConfig(task="sequence"), train=TrainConfig(lr=5e-5, max_steps=96, batch_size=32))
+    hint = _ZeroMetricHint(run, make_task(run.task), per_epoch=32)
+    hint({"accuracy": 0.509, "f1": 0.337, "mcc": 0.0})  # SST-2 with every sentence called "1": accuracy looks fine
+    hint({"accuracy": 0.509, "f1": 0.337, "mcc": 0.0})
+    [record] = logs.records
+    message = record.getMessage()
+    assert "dev MCC is 0 (accuracy 0.509)" in message and "one class for every example" in message
+    assert "--batch-size" in message and "--epochs" in message and "--lr" in message
+
+
+def test_no_collapse_hint_for_a_classifier_that_learns(logs):
+    run = FinetuneRun(task=TaskConfig(task="sequence"), train=TrainConfig(lr=5e-5, max_steps=96))
+    _ZeroMetricHint(run, make_task(run.task), per_epoch=32)({"accuracy": 0.62, "f1": 0.6, "mcc": 0.21})
+    assert not logs.records

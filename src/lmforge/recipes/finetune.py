@@ -314,9 +314,15 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
 
 
 class _ZeroMetricHint:
-    """Warns once when the dev metric is still 0 at an evaluation after an epoch or more of training: the model
-    predicts nothing useful yet (a tagger that says "O" everywhere), which usually means the learning rates are too
-    low for the data's size, and names the options that change them."""
+    """Warns once when, after an epoch or more of training, the dev evaluation shows a model that has learned
+    nothing usable, and names the options that change that:
+
+    * the selection metric is still 0 (a tagger that says "O" everywhere);
+    * a classifier's dev MCC is 0 whatever the selection metric: its predictions carry no information about the
+      gold labels, which is what predicting one class for every example gives (accuracy then equals the largest
+      class's share and can look respectable). On a small training set this is the usual failure of a pretrained
+      encoder fine-tuned with too few updates or at a rate its head cannot follow.
+    """
 
     def __init__(self, run: FinetuneRun, task, per_epoch: int) -> None:
         self.run, self.task, self.per_epoch = run, task, per_epoch
@@ -326,14 +332,24 @@ class _ZeroMetricHint:
         self.evaluations += 1
         value = metrics.get(self.task.metric)
         trained = self.evaluations * (self.run.train.eval_every or self.per_epoch)
-        if self.done or value is None or value > 0 or trained < self.per_epoch:
+        if self.done or trained < self.per_epoch:
             return
-        self.done = True
         train, head_lr = self.run.train, self.run.task.head_lr
         head = f"--head-lr (now {head_lr:g})" if head_lr is not None else "--head-lr (now the same as --lr)"
-        log.warning("dev %s is still %g: the model has learned nothing usable yet (a tagger that predicts only O "
-                    "scores 0). With %d steps at lr %g the weights may be moving too slowly: raise %s or --lr, or "
-                    "train longer (--epochs)", self.task.metric, value, train.max_steps, train.lr, head)
+        mcc = metrics.get("mcc")
+        if value is not None and value <= 0:
+            self.done = True
+            log.warning("dev %s is still %g: the model has learned nothing usable yet (a tagger that predicts only "
+                        "O scores 0). With %d steps at lr %g the weights may be moving too slowly: raise %s or "
+                        "--lr, or train longer (--epochs)", self.task.metric, value, train.max_steps, train.lr, head)
+        elif mcc is not None and abs(mcc) < 1e-9:
+            self.done = True
+            log.warning("dev MCC is 0 (%s %.4g): the classifier's predictions carry no information about the labels, "
+                        "as when it predicts one class for every example. With %d updates of %d examples at lr %g "
+                        "it has not left its starting point: give it more updates (a smaller --batch-size such as "
+                        "16, more --epochs) or a larger --lr (1e-4 for a small pretrained encoder)",
+                        self.task.metric, value if value is not None else float("nan"), train.max_steps,
+                        train.batch_size, train.lr)
 
 
 def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> None:
