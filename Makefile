@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: demo test bench lint install install-dev clean browser
+.PHONY: demo test bench lint install install-dev clean browser docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,3 +50,8 @@ bench: $(VENV)/.installed-dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build src/*.egg-info src/lmforge/embeddings/*.so
+
+# The documentation site (MkDocs Material), built offline into site/; --strict fails on a broken link or warning.
+docs: $(VENV)/.installed-dev
+	$(PY) docs/gen_reference.py
+	$(PY) -m mkdocs build --strict --quiet

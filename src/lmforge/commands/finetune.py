@@ -115,6 +115,7 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
         log.info("fine-tuning defaults recorded by the pretraining recipe of %s: %s (options and --config override "
                  "them)", run.model, shown)
         args.recorded_lr = "lr" in recorded.get("train", {})
+        args.recorded_length = "max_length" in recorded.get("task", {})
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
         if not getattr(run, name):
             raise LmforgeError(f"no {name.replace('_file', ' file')}: pass {flag}")
@@ -131,10 +132,21 @@ def lr_given(args: argparse.Namespace) -> bool:
     return bool(args.config) and "lr" in (load_toml(args.config).get("train") or {})
 
 
+def length_given(args: argparse.Namespace) -> bool:
+    """Whether the user set ``max_length`` (--max-length, --task.max_length=..., [task] in --config, or the
+    pretraining recipe of --model); otherwise a default longer than the model's positions is cut to them."""
+    if getattr(args, "max_length", None) is not None or getattr(args, "recorded_length", False):
+        return True
+    if any(o.lstrip("-").split("=", 1)[0] == "task.max_length" for o in args.overrides):
+        return True
+    return bool(args.config) and "max_length" in (load_toml(args.config).get("task") or {})
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     run = resolve_run(args)
     trainer, task = build_finetune_trainer(run, resume=args.resume, overwrite=args.overwrite,
-                                           progress=_progress("train") is not None, choose_lr=not lr_given(args))
+                                           progress=_progress("train") is not None, choose_lr=not lr_given(args),
+                                           fit_length=not length_given(args))
     results = trainer.fit()
     if trainer.dist.is_main:
         print(f"fine-tuned {run.model} for {run.task.task} ({run.train.max_steps} steps) -> {run.out}")

@@ -66,8 +66,8 @@ def _check_sizes(n_keys: int, n_values: int) -> None:
 
 
 def key_value_vocabulary(n_keys: int, n_values: int) -> list[str]:
-    """The tokens of the key-value language, in id order: the five special tokens ([PAD] [UNK] [CLS] [SEP]
-    [MASK]), ``=`` and ``;``, the keys ``k0 .. k{n_keys-1}`` and the values ``v0 .. v{n_values-1}``."""
+    """The tokens of the key-value language, in id order: the five special tokens (``[PAD] [UNK] [CLS] [SEP]
+    [MASK]``), ``=`` and ``;``, the keys ``k0 .. k{n_keys-1}`` and the values ``v0 .. v{n_values-1}``."""
     _check_sizes(n_keys, n_values)
     return [*DEFAULT_SPECIAL_TOKENS, ASSIGN, DELIMITER, *map(key_name, range(n_keys)),
             *map(value_name, range(n_values))]

@@ -157,7 +157,7 @@ class XLNetOutput(NamedTuple):
         pooled_output: (B, D) the sequence summary: ``last_hidden_state`` at each row's LAST real token (the last
             position whose ``attention_mask`` is 1; position T - 1 without a mask), what the sequence and pair
             heads read. XLNet summarises a text by its last token (Hugging Face's ``summary_type="last"``); XLNet's
-            own tokenizer ends a text with [SEP] [CLS], lmforge's puts [CLS] first and pads on the right, so the
+            own tokenizer ends a text with ``[SEP] [CLS]``, lmforge's puts ``[CLS]`` first and pads on the right, so the
             last real token (here [SEP]) is the one that, with ``attn_type="uni"`` too, has read the whole text.
             No projection: the state itself (as an encoder with ``pooler=False``), see ``XLNet``.
         hidden_states: with ``output_hidden_states``, L + 1 content-stream tensors (B, T, D): the embeddings (after

@@ -214,12 +214,14 @@ def featurize(task, examples, tokenizer, path: str, *, training: bool):
 
 
 def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite: bool = False,
-                           progress: bool = True, choose_lr: bool = False):
+                           progress: bool = True, choose_lr: bool = False, fit_length: bool = False):
     """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task).
 
     Args:
         choose_lr: the run's ``train.lr`` was not given: replace it by ``default_lr`` for the backbone (BERT's 5e-5
             only for a pretrained Transformer).
+        fit_length: the run's ``task.max_length`` was not given: a default longer than the model's positions is cut
+            to them (a model pretrained on 64-token blocks reads 64), instead of refused.
     """
     import torch
 
@@ -245,6 +247,10 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
         tokenizer, added = add_gpt_tokens(tokenizer)
         grow_embeddings(backbone, tokenizer, added)
         config = backbone.config
+    if fit_length and run.task.max_length > config.max_seq_len:
+        log.info("max_length %d (the model's positions; the default %d is longer: --max-length to set it)",
+                 config.max_seq_len, run.task.max_length)
+        run.task = from_dict(TaskConfig, {**to_dict(run.task), "max_length": config.max_seq_len}, where="--task")
     task = make_task(run.task)
     if run.task.init_embeddings:
         init_embeddings(backbone, tokenizer, run.task.init_embeddings)

@@ -11,14 +11,14 @@ A decoder reads left to right, so a task's input is laid out for it to end on on
 
 The task reads the decoder's state at ``[EXTRACT]`` (``DecoderOutput.pooled_output``). The three tokens are added to
 the vocabulary and the embeddings when the model lacks them (the paper's "randomly initialized start and end
-tokens"; here [START] starts as a copy of the document-start token the model was pretrained with, and [DELIM] /
-[EXTRACT] as the mean of the embeddings, so the first steps do not read noise: an initialisation choice the paper
+tokens"; here ``[START]`` starts as a copy of the document-start token the model was pretrained with, and ``[DELIM]`` /
+``[EXTRACT]`` as the mean of the embeddings, so the first steps do not read noise: an initialisation choice the paper
 leaves open).
 
 Every task keeps building its BERT layout (``[CLS] a [SEP] b [SEP]``, QA's ``[CLS] question [SEP] context [SEP]``,
-tagging's ``[CLS] words [SEP]``); ``to_gpt_layout`` then maps it token for token: the leading [CLS] becomes [START],
-the row's last [SEP] [EXTRACT] and any earlier [SEP] [DELIM]. Positions are unchanged, so span and token labels keep
-pointing at the same tokens.
+tagging's ``[CLS] words [SEP]``); ``to_gpt_layout`` then maps it token for token: the leading ``[CLS]`` becomes
+``[START]``, the row's last ``[SEP]`` becomes ``[EXTRACT]`` and any earlier ``[SEP]`` becomes ``[DELIM]``. Positions
+are unchanged, so span and token labels keep pointing at the same tokens.
 """
 
 from __future__ import annotations
