@@ -67,3 +67,48 @@ def test_no_collapse_hint_for_a_classifier_that_learns(logs):
     run = FinetuneRun(task=TaskConfig(task="sequence"), train=TrainConfig(lr=5e-5, max_steps=96))
     _ZeroMetricHint(run, make_task(run.task), per_epoch=32)({"accuracy": 0.62, "f1": 0.6, "mcc": 0.21})
     assert not logs.records
+
+
+@pytest.mark.parametrize(("n_train", "batch", "epochs"), [
+    (1000, 16, 10.0),     # 63 batches an epoch: 10 epochs for 600 updates (the defaults: 96)
+    (100, 16, 20.0),      # 7 an epoch: capped at 20 epochs
+    (5000, 16, 3.0),      # 469 updates by default: batch 16 already makes 939 in 3 epochs
+    (6400, 32, 3.0),      # 600 updates by default: unchanged
+])
+def test_a_small_training_set_gets_enough_updates(tmp_path, n_train, batch, epochs):
+    from lmforge.recipes.finetune import MIN_UPDATES, _default_schedule
+
+    config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
+    run = FinetuneRun(model=str(tmp_path), task=TaskConfig(task="sequence"), train=TrainConfig(batch_size=32))
+    _default_schedule(run, config, n_train)
+    assert (run.train.batch_size, run.task.epochs) == (batch, epochs)
+    updates = -(-n_train // batch) * epochs
+    assert updates >= MIN_UPDATES or epochs == 20.0
+
+
+def test_the_schedule_is_left_alone_for_random_weights_or_given_steps(tmp_path):
+    from lmforge.recipes.finetune import _default_schedule
+
+    config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
+    preset = FinetuneRun(model="bert-tiny", task=TaskConfig(task="sequence"), train=TrainConfig(batch_size=32))
+    _default_schedule(preset, config, 1000)  # a preset: random weights have their own defaults
+    steps = FinetuneRun(model=str(tmp_path), task=TaskConfig(task="sequence"),
+                        train=TrainConfig(batch_size=32, max_steps=50))
+    _default_schedule(steps, config, 1000)
+    for run in (preset, steps):
+        assert (run.train.batch_size, run.task.epochs) == (32, 3.0)
+
+
+def test_the_command_line_knows_when_the_schedule_was_given():
+    import argparse
+
+    from lmforge.commands.finetune import schedule_given
+
+    def args(**kw):
+        base = dict(epochs=None, batch_size=None, max_steps=None, overrides=[], config=None)
+        return argparse.Namespace(**{**base, **kw})
+
+    assert not schedule_given(args())
+    assert schedule_given(args(epochs=3.0)) and schedule_given(args(batch_size=32))
+    assert schedule_given(args(overrides=["--train.max_steps=10"]))
+    assert schedule_given(args(recorded_schedule=True))

@@ -64,8 +64,13 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train", metavar="FILE", help="training data (CSV/TSV/JSONL, CoNLL, span JSONL, SQuAD JSON)")
     p.add_argument("--dev", metavar="FILE", help="dev data: evaluated every epoch; the best model is kept")
     p.add_argument("--out", metavar="DIR", help="the run folder")
-    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True), help="passes over the training data (default 3)")
-    p.add_argument("--batch-size", type=Count(1, 65_536), help="examples per optimizer step (default 32)")
+    p.add_argument("--epochs", type=Rate(0.0, 1e6, low_open=True),
+                   help="passes over the training data (default 3; a pretrained Transformer on a small training set "
+                        "gets enough for 600 updates, at most 20, when --batch-size and --max-steps are not given "
+                        "either)")
+    p.add_argument("--batch-size", type=Count(1, 65_536),
+                   help="examples per optimizer step (default 32; 16 for a pretrained Transformer on a small training "
+                        "set, see --epochs)")
     p.add_argument("--lr", type=LEARNING_RATE, help=f"the learning rate; {DEFAULT_LR_HELP}")
     p.add_argument("--max-length", type=Count(8, 1_000_000), help="tokens per input, with [CLS]/[SEP] (default 128)")
     p.add_argument("--warmup-ratio", type=FRACTION, help="share of the steps with a linear learning-rate warm-up "
@@ -116,6 +121,8 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
                  "them)", run.model, shown)
         args.recorded_lr = "lr" in recorded.get("train", {})
         args.recorded_length = "max_length" in recorded.get("task", {})
+        args.recorded_schedule = "epochs" in recorded.get("task", {}) or bool(
+            {"batch_size", "max_steps"} & set(recorded.get("train", {})))
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
         if not getattr(run, name):
             raise LmforgeError(f"no {name.replace('_file', ' file')}: pass {flag}")
@@ -142,11 +149,27 @@ def length_given(args: argparse.Namespace) -> bool:
     return bool(args.config) and "max_length" in (load_toml(args.config).get("task") or {})
 
 
+def schedule_given(args: argparse.Namespace) -> bool:
+    """Whether the user (or the pretraining recipe of --model) set the epochs, the batch size or the steps."""
+    if any(getattr(args, name, None) is not None for name in ("epochs", "batch_size", "max_steps")):
+        return True
+    if getattr(args, "recorded_schedule", False):
+        return True
+    keys = ("task.epochs", "train.batch_size", "train.max_steps")
+    if any(o.lstrip("-").split("=", 1)[0] in keys for o in args.overrides):
+        return True
+    if not args.config:
+        return False
+    recipe = load_toml(args.config)
+    return "epochs" in (recipe.get("task") or {}) or bool({"batch_size", "max_steps"} & set(recipe.get("train") or {}))
+
+
 def run_finetune(args: argparse.Namespace) -> int:
     run = resolve_run(args)
     trainer, task = build_finetune_trainer(run, resume=args.resume, overwrite=args.overwrite,
                                            progress=_progress("train") is not None, choose_lr=not lr_given(args),
-                                           fit_length=not length_given(args))
+                                           fit_length=not length_given(args),
+                                           choose_schedule=not schedule_given(args))
     results = trainer.fit()
     if trainer.dist.is_main:
         print(f"fine-tuned {run.model} for {run.task.task} ({run.train.max_steps} steps) -> {run.out}")

@@ -48,6 +48,18 @@ DEFAULT_LR_HELP = ("default: 5e-5 for a pretrained Transformer folder (BERT's), 
 # commonly give the CRF its own, much larger rate; flair trains its CRF taggers at 0.1); --head-lr sets it.
 CRF_HEAD_LR = 3e-2
 
+# Small training sets. BERT's 3 epochs of batch 32 give a pretrained encoder 96 updates on 1,000 examples, too few for
+# its new head: MiniLM on 1,000 TREC questions scored 0.832 on dev with them, against 0.926 with batch 16 and 10
+# epochs (630 updates) at the same lr; the best of a small grid on dev (lr 2e-5 to 2e-4, batch 16 or 32, 3 to 10
+# epochs) was 0.928 (benchmarks/bench_finetune_defaults.py; BENCHMARKS.md, issue 37). Mosbach et al. (ICLR 2021) find
+# the same: few-sample fine-tuning fails from too few iterations, not from the lr. So when the user gives none of
+# --epochs, --batch-size and --max-steps and the default schedule would make fewer than MIN_UPDATES updates, a
+# pretrained Transformer trains with batch SMALL_DATA_BATCH for as many epochs as MIN_UPDATES needs (at most
+# MAX_DEFAULT_EPOCHS); the best dev epoch is kept as always.
+MIN_UPDATES = 600
+SMALL_DATA_BATCH = 16
+MAX_DEFAULT_EPOCHS = 20
+
 # ModelConfig fields a pretrained model folder may change when fine-tuned (--model.NAME=VALUE): the dropout rates,
 # which shape no weight (e.g. ULMFiT's classifier dropouts, fastai's drop_mult, against the LM's own).
 DROPOUT_SETTINGS = ("dropout", "attention_dropout", "embed_p", "input_p", "hidden_p", "weight_p", "output_p")
@@ -214,7 +226,8 @@ def featurize(task, examples, tokenizer, path: str, *, training: bool):
 
 
 def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite: bool = False,
-                           progress: bool = True, choose_lr: bool = False, fit_length: bool = False):
+                           progress: bool = True, choose_lr: bool = False, fit_length: bool = False,
+                           choose_schedule: bool = False):
     """Read the data, build TaskModel(encoder, head), freeze, and return (Trainer, task).
 
     Args:
@@ -222,6 +235,8 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
             only for a pretrained Transformer).
         fit_length: the run's ``task.max_length`` was not given: a default longer than the model's positions is cut
             to them (a model pretrained on 64-token blocks reads 64), instead of refused.
+        choose_schedule: none of epochs, batch size and steps was given: a small training set gets enough updates
+            for a pretrained Transformer (``MIN_UPDATES``).
     """
     import torch
 
@@ -274,6 +289,8 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
             hint(metrics)
             return metrics
 
+    if choose_schedule:
+        _default_schedule(run, config, len(train_features))
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
                        rank=info.rank, world_size=info.world_size, group_by_length=run.train.group_by_length)
@@ -356,6 +373,24 @@ class _ZeroMetricHint:
                         "16, more --epochs) or a larger --lr (1e-4 for a small pretrained encoder)",
                         self.task.metric, value if value is not None else float("nan"), train.max_steps,
                         train.batch_size, train.lr)
+
+
+def _default_schedule(run: FinetuneRun, config: ModelConfig, n_train: int) -> None:
+    """Batch size and epochs for a small training set when the user gave neither (see ``MIN_UPDATES``)."""
+    _, kind = default_lr(run.model, config)
+    if kind != "pretrained transformer" or run.train.max_steps is not None:
+        return
+    updates = math.ceil(n_train / run.train.batch_size) * run.task.epochs
+    if updates >= MIN_UPDATES:
+        return
+    batch = min(run.train.batch_size, SMALL_DATA_BATCH)
+    per_epoch = math.ceil(n_train / batch)
+    epochs = float(min(MAX_DEFAULT_EPOCHS, max(run.task.epochs, math.ceil(MIN_UPDATES / per_epoch))))
+    run.train = from_dict(TrainConfig, {**to_dict(run.train), "batch_size": batch})
+    run.task = from_dict(TaskConfig, {**to_dict(run.task), "epochs": epochs}, where="--task")
+    log.info("small training set (%d examples): batch %d for %g epochs, %d updates (the defaults would make %d, too "
+             "few for a pretrained encoder's new head; --batch-size and --epochs set them)", n_train, batch, epochs,
+             math.ceil(epochs * per_epoch), math.ceil(updates))
 
 
 def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> None:
