@@ -85,8 +85,8 @@ def backbone_only(config: ModelConfig, head: dict[str, Any] | None) -> nn.Module
 
 
 def load_tokenizer(directory: Path, config: ModelConfig) -> Any | None:
-    """The folder's tokenizer: WordPiece from vocab.txt, else GPT-2's byte-level BPE from vocab.json + merges.txt
-    (None without either); it may not have more ids than the embeddings."""
+    """The folder's tokenizer: WordPiece from vocab.txt, else GPT-2's byte-level BPE from vocab.json + merges.txt,
+    else either from a Hugging Face tokenizer.json (None without any); it may not have more ids than the embeddings."""
     vocab = directory / "vocab.txt"
     if vocab.exists() and not vocab.is_file():
         raise InputFileError(f"{vocab}: is a folder, not a vocabulary file; remove it or put the vocab.txt there")
@@ -99,6 +99,11 @@ def load_tokenizer(directory: Path, config: ModelConfig) -> Any | None:
 
         vocab = directory / "vocab.json"
         tokenizer = ByteLevelBPETokenizer.from_pretrained(directory)
+    elif (directory / "tokenizer.json").is_file():  # transformers 5 saves this file alone
+        from lmforge.tokenizers.hf_json import from_tokenizer_json
+
+        vocab = directory / "tokenizer.json"
+        tokenizer = from_tokenizer_json(vocab)
     else:
         return None
     if tokenizer.vocab_size > config.vocab_size:

@@ -1,0 +1,76 @@
+"""Tokenizers from ``tokenizer.json`` alone (what transformers 5 saves): WordPiece (uncased and cased) and byte-level
+BPE encode held-out text to the same ids as the ``tokenizers`` package; a model folder holding only that file loads
+with its tokenizer; a model lmforge cannot read is refused by name, never dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmforge.errors import InputFileError
+from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+from lmforge.tokenizers.hf_json import from_tokenizer_json
+
+transformers = pytest.importorskip("transformers", reason="the reference tokenizers come from transformers")
+hf_tokenizers = pytest.importorskip("tokenizers", reason="the reference tokenizers package")
+
+EXTRA = ["Naïve café owners in Zürich — 東京 and ＡＢＣ — said \"no\"!", "Shares rose 5.5% to $1,234 (up 2,000).",
+         "The striker's hat-trick won't be forgotten.", "tab\tseparated\u00a0non-breaking   spaces"]
+
+
+def _held_out(bbc_dir, n: int = 40) -> list[str]:
+    lines = []
+    for topic in ("tech", "politics"):
+        for path in sorted((bbc_dir / topic).glob("*.txt"))[-3:]:
+            lines += [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[:n] + EXTRA
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_wordpiece_from_tokenizer_json_encodes_as_tokenizers(minilm_dir, bbc_dir, tmp_path, lowercase):
+    reference = transformers.BertTokenizerFast.from_pretrained(str(minilm_dir), do_lower_case=lowercase)
+    reference.save_pretrained(str(tmp_path))
+    assert (tmp_path / "tokenizer.json").is_file()
+    ours = from_tokenizer_json(tmp_path / "tokenizer.json")
+    assert isinstance(ours, WordPieceTokenizer) and ours.basic.lowercase == lowercase
+    for text in _held_out(bbc_dir):
+        assert ours.encode_ids(text) == reference(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_byte_level_bpe_from_tokenizer_json_encodes_as_tokenizers(bbc_dir, tmp_path):
+    train = []
+    for path in sorted((bbc_dir / "business").glob("*.txt"))[:60]:
+        train += path.read_text(encoding="utf-8", errors="replace").splitlines()
+    reference = hf_tokenizers.ByteLevelBPETokenizer()
+    reference.train_from_iterator(train, vocab_size=600, min_frequency=2, special_tokens=["<|endoftext|>"],
+                                  show_progress=False)
+    reference.save(str(tmp_path / "tokenizer.json"))
+    ours = from_tokenizer_json(tmp_path)
+    assert isinstance(ours, ByteLevelBPETokenizer)
+    for text in _held_out(bbc_dir):
+        assert ours.encode_ids(text) == reference.encode(text).ids, text
+
+
+def test_a_model_folder_with_tokenizer_json_only_keeps_its_tokenizer(minilm_dir, tmp_path):
+    import torch
+
+    from lmforge.persistence import load_pretrained
+
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=16, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(str(tmp_path))
+    transformers.BertTokenizerFast.from_pretrained(str(minilm_dir)).save_pretrained(str(tmp_path))
+    assert not (tmp_path / "vocab.txt").exists()
+    loaded = load_pretrained(tmp_path)
+    assert isinstance(loaded.tokenizer, WordPieceTokenizer)
+    assert loaded.tokenizer.encode_ids("hello world") == [7592, 2088]
+
+
+def test_a_model_lmforge_cannot_read_is_refused_by_name(tmp_path):
+    unigram = hf_tokenizers.Tokenizer(hf_tokenizers.models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
+    unigram.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(InputFileError, match="a Unigram tokenizer model, which lmforge cannot read yet"):
+        from_tokenizer_json(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(InputFileError, match="cannot read it as JSON"):
+        from_tokenizer_json(tmp_path)
