@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import random
 import sys
 import time
 from pathlib import Path
