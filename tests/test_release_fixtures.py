@@ -93,7 +93,19 @@ def _assert_same(actual: Any, expected: Any, where: str, *, more_keys: bool = Fa
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             _assert_same(a, e, f"{where}[{i}]", more_keys=more_keys)
     else:
+        expected = _changed_on_purpose(where, expected)
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def _changed_on_purpose(where: str, expected: Any) -> Any:
+    """A recorded answer this version gives differently on purpose, rewritten as the change says it should be.
+
+    - Issue 37, item 4: fill-mask's filled ``sequence`` joins a ``##`` filler to the word before the mask
+      (``"alice met ##r in rome ."`` is now ``"alice metr in rome ."``); the filler tokens and scores are unchanged.
+    """
+    if where.endswith(".sequence") and isinstance(expected, str):
+        return expected.replace(" ##", "")
+    return expected
 
 
 @pytest.mark.parametrize("name", MODEL_FIXTURES)

@@ -169,7 +169,8 @@ def test_unlabelled_files(tmp_path):
     ("a.csv", "text,text\na,b\n", r"repeats the column"),
     ("a.csv", "text,label\n", r"header but no examples"),
     ("a.csv", "\n  \n", r"a\.csv: the file is empty"),
-    ("a.txt", "text\tlabel\n", r"unknown file type '\.txt'; use one of \.csv, \.tsv, \.jsonl, \.json"),
+    ("a.txt", "text\tlabel\n", r"a \.txt file holds one text per line and no labels; training and evaluation need"),
+    ("a.xml", "<a/>", r"unknown file type '\.xml'; use one of \.csv, \.tsv, \.jsonl, \.json, \.parquet"),
 ])
 def test_classification_errors(tmp_path, name, body, pattern):
     with pytest.raises(InputFileError, match=pattern):
@@ -219,7 +220,8 @@ def test_conll_column_count_mismatch(tmp_path):
 
 def test_conll_one_column_files(tmp_path):
     path = write(tmp_path, "c.txt", "a\nb\n\nc\n")
-    with pytest.raises(InputFileError, match=r"c\.txt:1: only one column.*require_tags=False"):
+    with pytest.raises(InputFileError, match=r"c\.txt:1: only one column.*untagged text is input for `lmforge "
+                                             r"predict`"):
         read_conll(path)
     assert [(s.tokens, s.tags, s.line) for s in read_conll(path, require_tags=False)] == [
         (["a", "b"], None, 1), (["c"], None, 4)]

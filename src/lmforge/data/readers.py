@@ -607,14 +607,16 @@ def read_conll(path: str | Path, *, require_tags: bool = True, tokens_column: st
 def _is_running_text(text: str) -> bool:
     """Whether an untagged file is sentences, one per line, rather than CoNLL columns: no blank line between its
     lines and not the same number of whitespace-separated fields on every line (a CoNLL file of one sentence
-    has the same number of columns on every line)."""
+    has the same number of columns on every line; a single line counts as text from three words on)."""
     lines = [line.strip(" \t") for line in _lines(text)]
     while lines and not lines[-1]:
         lines.pop()
     if not lines or any(not line for line in lines) or any(line.startswith(_DOCSTART) for line in lines):
         return False
     widths = {len(_COLUMN_SEPARATOR.split(line)) for line in lines}
-    return len(widths) > 1 or (len(lines) == 1 and widths != {1})
+    # one line: "a O" is a one-token CoNLL file, a line of three or more words a sentence (a one-token file with
+    # three columns or more is not a plausible input)
+    return len(widths) > 1 or (len(lines) == 1 and max(widths) >= 3)
 
 
 def _tagged_table(path: Path, *, require_tags: bool, tokens_column: str,
