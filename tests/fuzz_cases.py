@@ -272,6 +272,9 @@ SPECS: list[Spec] = [
          Output("--out", "metrics.json", False), ("--batch-size", "4")),
     Spec("predict", (Input("--model", "classifier", "classifier"), Input("--input", "dev.csv", "csv-unlabelled")),
          Output("--out", "predictions.jsonl", False), ("--batch-size", "4")),
+    # issue 37: plain text, one input per line, with the options that say how to read a file
+    Spec("predict", (Input("--model", "classifier", "classifier"), Input("--input", "prompts.txt", "lines")),
+         Output("--out", "predictions.jsonl", False), ("--batch-size", "4", "--max-length", "16"), variant="txt"),
     Spec("generate", (Input("--model", "gpt", "gpt"), Input("--input", "prompts.txt", "prompts")), None,
          ("--max-new-tokens", "3"), has_overwrite=False,
          context={"--num-beams": ("--strategy", "beam"), "--num-return-sequences": SAMPLE, "--temperature": SAMPLE,
