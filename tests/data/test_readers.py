@@ -348,6 +348,9 @@ def test_squad_without_answers_when_not_required_and_malformed_json(tmp_path):
         read_squad(write(tmp_path, "bad.json", '{"data":\n ['))
     with pytest.raises(InputFileError, match=r"missing \"data\""):
         read_squad(write(tmp_path, "nodata.json", '{"version": "1.1"}'))
+    # a table given to question answering is named as what it is, not as broken JSON
+    with pytest.raises(InputFileError, match=r"qa\.csv: not SQuAD JSON; question answering reads one JSON document"):
+        read_squad(write(tmp_path, "qa.csv", "question,context,answer\nwho?,alice went,alice\n"))
 
 
 def test_xquad_reads_and_every_answer_matches(xquad_file):

@@ -125,7 +125,7 @@ def test_bad_settings_are_clear_errors(overrides, words):
     (dict(mode="generate", calibrate=True), "calibrate applies"), (dict(stop=("",)), "non-empty strings"),
 ])
 def test_bad_config_values_are_refused(overrides, words):
-    with pytest.raises(LmforgeError, match="FewShotConfig") as err:
+    with pytest.raises(LmforgeError, match="few-shot settings: ") as err:
         _config(**overrides)
     assert words in str(err.value)
 

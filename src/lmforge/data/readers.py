@@ -779,6 +779,10 @@ def read_squad(path: str | Path, *, require_answers: bool = True) -> list[QAExam
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:
+        if path.suffix.lower() in (".csv", ".tsv", ".txt", ".jsonl", ".conll") or err.pos == 0:
+            raise InputFileError(f"{path}: not SQuAD JSON; question answering reads one JSON document, {{\"data\": "
+                                 "[{\"paragraphs\": [{\"context\": ..., \"qas\": [...]}]}]} (SQuAD v1.1 or "
+                                 "v2.0); convert the file to that layout") from None
         raise InputFileError(f"{path}:{err.lineno}: malformed JSON ({err.msg} at column {err.colno})") from None
     articles = _field(f"{path}", document, "data", list)
     examples: list[QAExample] = []

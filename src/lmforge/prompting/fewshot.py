@@ -127,13 +127,13 @@ class FewShotConfig:
             problems.append(f"verbalizer must be a dict label -> words or None; got {type(self.verbalizer).__name__}")
         if self.mode == "generate":
             if self.calibrate:
-                problems.append("calibrate applies to mode='classify' (it rescales the label probabilities); "
-                                "generate mode has none")
+                problems.append("--calibrate applies to --mode classify (it rescales the label probabilities); "
+                                "--mode generate has none")
             if self.scoring != "sum":
-                problems.append(f"scoring={self.scoring!r} applies to mode='classify'; generate mode compares "
+                problems.append(f"--scoring {self.scoring} applies to --mode classify; --mode generate compares "
                                 "the generated text with the answer")
         if problems:
-            raise LmforgeError("FewShotConfig: " + "; ".join(problems))
+            raise LmforgeError("few-shot settings: " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
