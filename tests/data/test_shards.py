@@ -286,3 +286,19 @@ def test_large_lines_files_are_read_in_document_aligned_pieces(tmp_path, tokeniz
         assert load_file_records(tmp_path / f"pieces{workers}") == load_file_records(tmp_path / "whole")
         assert m["counts"] == reference["counts"]
         assert read_all(ShardedCorpus(tmp_path / f"pieces{workers}")) == read_all(ShardedCorpus(tmp_path / "whole"))
+
+
+def test_the_log_says_which_format_each_file_was_read_as_and_warns_of_one_long_lines_document(tmp_path,
+                                                                                            tokenizer_dir, caplog):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "prose.txt").write_text(PROSE, encoding="utf-8")
+    questions = [f"Who wrote the letter number {i}?" for i in range(250)]  # one text per line, no blank lines
+    (tmp_path / "in" / "questions.txt").write_text("\n".join(questions) + "\n", encoding="utf-8")
+    with caplog.at_level("INFO", logger="lmforge"):
+        m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / "out", workers=1, show_progress=False)
+    assert m["formats"] == {"documents": 1, "lines": 1}
+    assert "read 1 file(s) as documents (each file one document, split into sentences); 1 file(s) as lines" in \
+        caplog.text and "--format auto decided per file" in caplog.text
+    assert "questions.txt: read as lines (one sentence per line) with no blank line between documents, so its 250 " \
+           "lines are one document" in caplog.text
+    assert "prose.txt: read as lines" not in caplog.text

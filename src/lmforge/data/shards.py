@@ -95,6 +95,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65535 else np.dtype(np.uint32)
 
 
+# What each input format means, for the line that says which one a file was read as.
+FORMAT_MEANING = {"lines": "one sentence per line, blank lines between documents",
+                  "documents": "each file one document, split into sentences"}
+# A lines-format file of one document with at least this many sentences gets a warning: most likely one text per line.
+ONE_DOCUMENT_WARNING = 200
+
+
 def detect_format(text: str) -> str:
     """``"lines"`` or ``"documents"`` for one file's text, by the ``auto`` rule of the module docstring."""
     blocks = split_paragraphs(text)
@@ -411,11 +418,15 @@ def _prepare_into(out_dir: Path, tokenizer: WordPieceTokenizer, tokenizer_dir: P
     totals = {"bytes": 0, "replaced": 0, "dropped_sentences": 0, "dropped_documents": 0}
     record: dict[str, Any] | None = None
 
+    one_document: list[tuple[str, int]] = []  # lines-format files that hold a single long document
+
     def finish(rec: dict[str, Any] | None, out) -> None:
         if rec is None:
             return
         out.write(json.dumps(rec) + "\n")
         formats[rec["format"]] = formats.get(rec["format"], 0) + 1
+        if rec["format"] == "lines" and rec["documents"] == 1 and rec["sentences"] >= ONE_DOCUMENT_WARNING:
+            one_document.append((rec["path"], rec["sentences"]))
         if rec["replaced_bytes"]:
             bad_files[rec["path"]] = rec["replaced_bytes"]
 
@@ -449,6 +460,15 @@ def _prepare_into(out_dir: Path, tokenizer: WordPieceTokenizer, tokenizer_dir: P
     for path, n in bad_files.items():
         log.warning("%s: not valid UTF-8, %d byte(s) replaced by U+FFFD; re-save the file as UTF-8 to keep those "
                     "characters", path, n)
+    chosen = "; ".join(f"{n} file(s) as {fmt} ({FORMAT_MEANING.get(fmt, fmt)})" for fmt, n in sorted(formats.items()))
+    how = "--format auto decided per file (lmforge.data.shards explains the rule)" if input_format == "auto" \
+        else f"--format {input_format}"
+    log.info("read %s; %s", chosen, how)
+    for path, n in one_document[:3]:
+        log.warning("%s: read as lines (one sentence per line) with no blank line between documents, so its %d "
+                    "lines are one document. If each line is a text of its own (tweets, questions, reviews), put a "
+                    "blank line after each; sentence-pair objectives (NSP, SOP) pair sentences within a document",
+                    path, n)
     dropped_sentences, dropped_documents = totals["dropped_sentences"], totals["dropped_documents"]
     total_bytes = totals["bytes"]
     if not writer.shards:
