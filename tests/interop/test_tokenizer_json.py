@@ -74,3 +74,33 @@ def test_a_model_lmforge_cannot_read_is_refused_by_name(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(InputFileError, match="cannot read it as JSON"):
         from_tokenizer_json(tmp_path)
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_the_tokenizer_json_written_on_export_encodes_as_ours(minilm_dir, bbc_dir, tmp_path, lowercase):
+    import json
+
+    from lmforge.tokenizers.hf_json import wordpiece_tokenizer_json
+
+    ours = WordPieceTokenizer.from_pretrained(minilm_dir, lowercase=lowercase)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(wordpiece_tokenizer_json(ours)), encoding="utf-8")
+    reference = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    texts = _held_out(bbc_dir, 20)
+    for text in texts:
+        assert reference.encode(text).ids == ours(text)["input_ids"], text  # [CLS] ... [SEP]
+    pair = reference.encode(texts[0], texts[1])
+    expected = ours(texts[0], texts[1])
+    assert pair.ids == expected["input_ids"] and pair.type_ids == expected["token_type_ids"]
+    assert from_tokenizer_json(tmp_path).encode_ids(texts[2]) == ours.encode_ids(texts[2])  # and back
+
+
+def test_convert_to_hf_writes_tokenizer_json_that_transformers_loads(tmp_path):
+    from lmforge.cli import main
+    from tests.toy_tasks import make_encoder_dir
+
+    model = make_encoder_dir(tmp_path / "model")
+    assert main(["-q", "convert", "--to-hf", str(model), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").is_file() and (tmp_path / "hf" / "vocab.txt").is_file()
+    fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    ours = WordPieceTokenizer.from_pretrained(model)
+    assert fast("alice went to paris")["input_ids"] == ours("alice went to paris")["input_ids"]

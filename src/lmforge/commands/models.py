@@ -150,6 +150,13 @@ def run_convert(args: argparse.Namespace) -> int:
         atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(tmp)
+            from lmforge.tokenizers import WordPieceTokenizer
+
+            if isinstance(loaded.tokenizer, WordPieceTokenizer):  # what transformers 5 reads first
+                from lmforge.tokenizers.hf_json import TOKENIZER_JSON, wordpiece_tokenizer_json
+
+                atomic_write_text(tmp / TOKENIZER_JSON,
+                                  json.dumps(wordpiece_tokenizer_json(loaded.tokenizer), ensure_ascii=False) + "\n")
     print(f"exported {args.to_hf} -> {out} (Hugging Face {hf_config['model_type']} layout)")
     return 0
 

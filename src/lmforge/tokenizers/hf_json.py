@@ -10,6 +10,10 @@ Read without the ``tokenizers`` package:
 
 Any other model (SentencePiece's ``Unigram``, a BPE without the byte-level pre-tokenizer) is refused with a message
 that names it: a tokenizer is never dropped or replaced without a word.
+
+``wordpiece_tokenizer_json`` writes the other way: the ``tokenizer.json`` of a ``WordPieceTokenizer``, in the layout
+``transformers``' ``BertTokenizerFast`` saves (BERT's normaliser and pre-tokenizer, ``[CLS] A [SEP]`` and ``[CLS] A
+[SEP] B [SEP]`` with segment ids), which ``lmforge convert --to-hf`` puts beside ``vocab.txt``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from lmforge.errors import InputFileError, LmforgeError
 
-__all__ = ["TOKENIZER_JSON", "from_tokenizer_json"]
+__all__ = ["TOKENIZER_JSON", "from_tokenizer_json", "wordpiece_tokenizer_json"]
 
 TOKENIZER_JSON = "tokenizer.json"
 _ROLES = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]",
@@ -137,3 +141,34 @@ def from_tokenizer_json(path: str | Path) -> Any:
     raise InputFileError(f"{path}: a {kind or 'untyped'} tokenizer model, which lmforge cannot read yet (it reads "
                          "WordPiece and byte-level BPE); keep using it with the tokenizers package, or save the "
                          "model's vocab.txt or vocab.json + merges.txt beside it")
+
+
+def wordpiece_tokenizer_json(tokenizer: Any) -> dict[str, Any]:
+    """The ``tokenizer.json`` content of a ``WordPieceTokenizer`` (see the module docstring)."""
+    vocab = {tok: i for i, tok in enumerate(tokenizer.ids_to_tokens) if tok is not None}
+    basic = tokenizer.basic
+    cls, sep = tokenizer.cls_token, tokenizer.sep_token
+    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for t in tokenizer.special_tokens if t in vocab]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                       "handle_chinese_chars": basic.tokenize_chinese_chars,
+                       "strip_accents": basic.strip_accents, "lowercase": basic.lowercase},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                       {"SpecialToken": {"id": sep, "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": cls, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": sep, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}},
+                     {"SpecialToken": {"id": sep, "type_id": 1}}],
+            "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in (cls, sep)},
+        },
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+        "model": {"type": "WordPiece", "unk_token": tokenizer.unk_token, "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": tokenizer.max_input_chars_per_word, "vocab": vocab},
+    }
