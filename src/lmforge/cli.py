@@ -111,12 +111,15 @@ class Parser(argparse.ArgumentParser):
         return [name for action in self._actions for name in action.option_strings if name.startswith("--")]
 
 
+def _close(word: str, known: Sequence[str]) -> str:
+    """``"--epochs"`` (or ``"a or b"``) for the known names closest to ``word``; ``""`` when none is close."""
+    return " or ".join(difflib.get_close_matches(word, known, n=2, cutoff=0.75))
+
+
 def _suggestion(word: str, known: Sequence[str]) -> str:
     """``" (did you mean --epochs?)"`` for the closest of ``known`` to ``word``, or ``""`` when none is close."""
-    close = difflib.get_close_matches(word, known, n=2, cutoff=0.75)
-    if not close:
-        return ""
-    return f" (did you mean {' or '.join(close)}?)"
+    close = _close(word, known)
+    return f" (did you mean {close}?)" if close else ""
 
 
 def _unknown_message(parser: argparse.ArgumentParser, bad: list[str]) -> str:
@@ -125,9 +128,9 @@ def _unknown_message(parser: argparse.ArgumentParser, bad: list[str]) -> str:
     hints = []
     for arg in bad:
         name = arg.split("=", 1)[0]
-        close = difflib.get_close_matches(name, known, n=2, cutoff=0.75) if name.startswith("--") else []
+        close = _close(name, known) if name.startswith("--") else ""
         if close:
-            hints.append(f"{name}: did you mean {' or '.join(close)}?")
+            hints.append(f"{name}: did you mean {close}?")
     return f"unrecognized arguments: {' '.join(bad)}" + (f" ({'; '.join(hints)})" if hints else "")
 
 

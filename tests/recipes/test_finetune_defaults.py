@@ -80,7 +80,7 @@ def test_a_small_training_set_gets_enough_updates(tmp_path, n_train, batch, epoc
 
     config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
     run = FinetuneRun(model=str(tmp_path), task=TaskConfig(task="sequence"), train=TrainConfig(batch_size=32))
-    _default_schedule(run, config, n_train)
+    _default_schedule(run, default_lr(run.model, config)[1], n_train)
     assert (run.train.batch_size, run.task.epochs) == (batch, epochs)
     updates = -(-n_train // batch) * epochs
     assert updates >= MIN_UPDATES or epochs == 20.0
@@ -91,10 +91,10 @@ def test_the_schedule_is_left_alone_for_random_weights_or_given_steps(tmp_path):
 
     config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
     preset = FinetuneRun(model="bert-tiny", task=TaskConfig(task="sequence"), train=TrainConfig(batch_size=32))
-    _default_schedule(preset, config, 1000)  # a preset: random weights have their own defaults
+    _default_schedule(preset, default_lr(preset.model, config)[1], 1000)  # a preset: random weights
     steps = FinetuneRun(model=str(tmp_path), task=TaskConfig(task="sequence"),
                         train=TrainConfig(batch_size=32, max_steps=50))
-    _default_schedule(steps, config, 1000)
+    _default_schedule(steps, default_lr(steps.model, config)[1], 1000)
     for run in (preset, steps):
         assert (run.train.batch_size, run.task.epochs) == (32, 3.0)
 

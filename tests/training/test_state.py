@@ -80,6 +80,7 @@ def test_an_unreadable_state_names_the_older_checkpoints_and_never_advises_unsaf
     for step in (10, 20, 30):
         (checkpoints / f"step-{step}").mkdir(parents=True)
         torch.save({"format": ckpt.STATE_FORMAT, "step": step}, checkpoints / f"step-{step}" / ckpt.STATE_NAME)
+        (checkpoints / f"step-{step}" / ckpt.WEIGHTS_NAME).write_bytes(b"")  # a complete checkpoint's files
     torch.save({"format": ckpt.STATE_FORMAT, "object": _Unsafe()}, checkpoints / "step-30" / ckpt.STATE_NAME)
     with pytest.raises(InputFileError) as caught:
         ckpt.load_trainer_state(checkpoints / "step-30")

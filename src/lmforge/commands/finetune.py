@@ -119,49 +119,43 @@ def resolve_run(args: argparse.Namespace) -> FinetuneRun:
         shown = ", ".join(f"{table}.{k}={v}" for table in ("train", "task") for k, v in recorded.get(table, {}).items())
         log.info("fine-tuning defaults recorded by the pretraining recipe of %s: %s (options and --config override "
                  "them)", run.model, shown)
-        args.recorded_lr = "lr" in recorded.get("train", {})
-        args.recorded_length = "max_length" in recorded.get("task", {})
-        args.recorded_schedule = "epochs" in recorded.get("task", {}) or bool(
-            {"batch_size", "max_steps"} & set(recorded.get("train", {})))
+        train, task = recorded.get("train", {}), recorded.get("task", {})
+        args.recorded_lr = "lr" in train
+        args.recorded_length = "max_length" in task
+        args.recorded_schedule = "epochs" in task or "batch_size" in train or "max_steps" in train
     for name, flag in (("model", "--model"), ("train_file", "--train"), ("out", "--out")):
         if not getattr(run, name):
             raise LmforgeError(f"no {name.replace('_file', ' file')}: pass {flag}")
     return run
 
 
-def lr_given(args: argparse.Namespace) -> bool:
-    """Whether the user set the learning rate (--lr, --train.lr=..., or [train] lr in --config); otherwise the recipe
-    picks it by backbone."""
-    if getattr(args, "lr", None) is not None or getattr(args, "recorded_lr", False):
-        return True  # given, or recorded by the pretraining recipe of --model
-    if any(o.lstrip("-").split("=", 1)[0] == "train.lr" for o in args.overrides):
+def _given(args: argparse.Namespace, flags: tuple[str, ...], keys: tuple[str, ...], recorded: str) -> bool:
+    """Whether the user set one of ``keys`` ("table.key") by a plain flag (``flags``: args attributes), a
+    ``--table.key=`` override or ``--config``'s tables, or the pretraining recipe of --model recorded it
+    (``recorded``: the args attribute ``resolve_run`` set)."""
+    if any(getattr(args, flag, None) is not None for flag in flags) or getattr(args, recorded, False):
         return True
-    return bool(args.config) and "lr" in (load_toml(args.config).get("train") or {})
+    if any(o.lstrip("-").split("=", 1)[0] in keys for o in args.overrides):
+        return True
+    recipe = load_toml(args.config) if args.config else {}
+    return any(key in (recipe.get(table) or {}) for table, key in (k.split(".", 1) for k in keys))
+
+
+def lr_given(args: argparse.Namespace) -> bool:
+    """Whether the learning rate was given; otherwise the recipe picks it by backbone."""
+    return _given(args, ("lr",), ("train.lr",), "recorded_lr")
 
 
 def length_given(args: argparse.Namespace) -> bool:
-    """Whether the user set ``max_length`` (--max-length, --task.max_length=..., [task] in --config, or the
-    pretraining recipe of --model); otherwise a default longer than the model's positions is cut to them."""
-    if getattr(args, "max_length", None) is not None or getattr(args, "recorded_length", False):
-        return True
-    if any(o.lstrip("-").split("=", 1)[0] == "task.max_length" for o in args.overrides):
-        return True
-    return bool(args.config) and "max_length" in (load_toml(args.config).get("task") or {})
+    """Whether ``max_length`` was given; otherwise a default longer than the model's positions is cut to them."""
+    return _given(args, ("max_length",), ("task.max_length",), "recorded_length")
 
 
 def schedule_given(args: argparse.Namespace) -> bool:
-    """Whether the user (or the pretraining recipe of --model) set the epochs, the batch size or the steps."""
-    if any(getattr(args, name, None) is not None for name in ("epochs", "batch_size", "max_steps")):
-        return True
-    if getattr(args, "recorded_schedule", False):
-        return True
-    keys = ("task.epochs", "train.batch_size", "train.max_steps")
-    if any(o.lstrip("-").split("=", 1)[0] in keys for o in args.overrides):
-        return True
-    if not args.config:
-        return False
-    recipe = load_toml(args.config)
-    return "epochs" in (recipe.get("task") or {}) or bool({"batch_size", "max_steps"} & set(recipe.get("train") or {}))
+    """Whether the epochs, the batch size or the steps were given; otherwise a small training set gets enough
+    updates."""
+    return _given(args, ("epochs", "batch_size", "max_steps"), ("task.epochs", "train.batch_size", "train.max_steps"),
+                  "recorded_schedule")
 
 
 def run_finetune(args: argparse.Namespace) -> int:
@@ -218,11 +212,10 @@ def with_input_options(task: Any, args: argparse.Namespace, model_positions: int
     ``--max-length`` say (each left as fine-tuned when not given)."""
     from dataclasses import replace
 
-    changes = {name: getattr(args, name, None) for name in ("text_column", "text_pair_column", "label_column",
-                                                            "max_length")}
-    changes = {k: v for k, v in changes.items() if v is not None}
     from lmforge.tasks.base import COMMON_OPTIONS
 
+    names = ("text_column", "text_pair_column", "label_column", "max_length")
+    changes = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     unknown = [k for k in changes if k not in (*COMMON_OPTIONS, *task.options)]
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)

@@ -79,7 +79,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from lmforge.generation import GenerationConfig
-    from lmforge.generation.text import encode_prompt, generate_batched, generated_text, load_generator
+    from lmforge.generation.text import encode_prompt, generate_batched, generated_texts, load_generator
 
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size {args.batch_size} must be >= 1")
@@ -100,8 +100,7 @@ def run_generate(args: argparse.Namespace) -> int:
     for text, ids, result in zip(texts, prompts, results, strict=True):
         generations = []
         for seq, score, log_prob, stop in zip(*result, strict=True):
-            tail = generated_text(tokenizer, text, ids, seq, continues=continues, full_text=False)
-            full = generated_text(tokenizer, text, ids, seq, continues=continues, full_text=True)
+            full, tail = generated_texts(tokenizer, text, ids, seq, continues=continues)
             generations.append({"text": tail if args.continuation_only else full, "continuation": tail,
                                 "score": round(score, 6), "log_prob": round(log_prob, 6), "tokens": len(seq),
                                 "stop": None if stop is None else tokenizer.convert_ids_to_tokens([stop])[0]})

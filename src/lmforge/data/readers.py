@@ -417,9 +417,9 @@ def read_classification(path: str | Path, *, text_column: str = "text", text_pai
     return ClassificationData(examples, kind, str(path))
 
 
-def plain_lines(path: Path) -> list[tuple[int, str]]:
-    """(line number, text) of every non-blank line of a plain text file."""
-    return [(number, line) for number, line in enumerate(_lines(_read_text(path)), start=1) if line.strip()]
+def _plain_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of every non-blank line of a plain text file's text."""
+    return [(number, line) for number, line in enumerate(_lines(text), start=1) if line.strip()]
 
 
 def _plain_texts(path: Path, *, require_labels: bool, pair: bool | None) -> ClassificationData:
@@ -431,7 +431,7 @@ def _plain_texts(path: Path, *, require_labels: bool, pair: bool | None) -> Clas
     if pair is True:
         raise InputFileError(f"{path}: the model classifies pairs of texts, and a .txt file holds one text per "
                              "line; give a CSV/TSV/JSON-lines file with both text columns")
-    examples = [ClassificationExample(line, None, None, number) for number, line in plain_lines(path)]
+    examples = [ClassificationExample(line, None, None, number) for number, line in _plain_lines(_read_text(path))]
     return ClassificationData(examples, None, str(path))
 
 
@@ -560,7 +560,7 @@ def read_conll(path: str | Path, *, require_tags: bool = True, tokens_column: st
     text = _read_text(path)
     if not require_tags and _is_running_text(text):
         # prediction input written as sentences, one per line: words split at whitespace
-        return [TaggedSentence(line.split(), None, number) for number, line in plain_lines(path)]
+        return [TaggedSentence(line.split(), None, number) for number, line in _plain_lines(text)]
     sentences: list[TaggedSentence] = []
     tokens: list[str] = []
     tags: list[str] = []

@@ -8,8 +8,7 @@ prompt *as the user wrote it* (case and spacing kept), followed by the continuat
 WordPiece decoding puts one space between words, punctuation included (``the match , he said .``);
 ``tidy_spacing`` removes the spaces English does not write (before ``. , ; : ! ? % )``, after ``(``, inside
 ``n't`` and ``'s``, inside ``1.5`` and ``2,000``), as Hugging Face's ``clean_up_tokenization_spaces`` does for most
-of them. Byte-level BPE decodes exactly and is
-left as it is.
+of them. Byte-level BPE decodes exactly and is left as it is.
 
 An encoder-decoder writes a new text rather than continuing its source: its text is the decoded target alone.
 """
@@ -27,7 +26,8 @@ from lmforge.models import Architecture, architecture, architectures_with
 
 log = logging.getLogger("lmforge")
 
-__all__ = ["continuation_text", "encode_prompt", "generate_batched", "generated_text", "load_generator", "tidy_spacing"]
+__all__ = ["continuation_text", "encode_prompt", "generate_batched", "generated_text", "generated_texts",
+           "load_generator", "tidy_spacing"]
 
 _BEFORE = re.compile(r" +([.,;:!?%)\]}])")
 _AFTER = re.compile(r"([(\[{$£]) +")
@@ -82,6 +82,23 @@ def continuation_text(tokenizer: Any, prompt_ids: Sequence[int], new_ids: Sequen
     return tail
 
 
+def generated_texts(tokenizer: Any, prompt: str, prompt_ids: Sequence[int], new_ids: Sequence[int], *,
+                    continues: bool = True, tidy: bool = True) -> tuple[str, str]:
+    """(the prompt followed by its continuation, the continuation alone) of one generation; an encoder-decoder's
+    target (``continues`` False) is both. See ``generated_text`` for the arguments."""
+    lossy = tidy and _lossy_spacing(tokenizer)
+    if not continues:
+        text = tokenizer.decode(list(new_ids), skip_special_tokens=True)
+        text = tidy_spacing(text) if lossy else text
+        return text, text
+    tail = continuation_text(tokenizer, prompt_ids, new_ids)
+    if lossy:
+        # tidied together with the prompt's last word, so that "said" + " ." becomes "said."
+        tail = tidy_spacing("x" + tail)[1:]
+    joined = tail[1:] if prompt[-1:].isspace() and tail.startswith(" ") else tail  # "said " + " the": one space
+    return prompt + joined, (tail.lstrip() if lossy else tail)
+
+
 def generated_text(tokenizer: Any, prompt: str, prompt_ids: Sequence[int], new_ids: Sequence[int], *,
                    continues: bool = True, full_text: bool = True, tidy: bool = True) -> str:
     """The text of one generation.
@@ -97,19 +114,8 @@ def generated_text(tokenizer: Any, prompt: str, prompt_ids: Sequence[int], new_i
             continuation alone.
         tidy: ``tidy_spacing`` on WordPiece text (no effect on byte-level BPE).
     """
-    lossy = tidy and _lossy_spacing(tokenizer)
-    if not continues:
-        text = tokenizer.decode(list(new_ids), skip_special_tokens=True)
-        return tidy_spacing(text) if lossy else text
-    tail = continuation_text(tokenizer, prompt_ids, new_ids)
-    if lossy:
-        # tidied together with the prompt's last word, so that "said" + " ." becomes "said."
-        tail = tidy_spacing("x" + tail)[1:]
-    if not full_text:
-        return tail.lstrip() if lossy else tail
-    if prompt[-1:].isspace() and tail.startswith(" "):  # "said " + " the": one space, not two
-        tail = tail[1:]
-    return prompt + tail
+    full, tail = generated_texts(tokenizer, prompt, prompt_ids, new_ids, continues=continues, tidy=tidy)
+    return full if full_text else tail
 
 
 # ---------------------------------------------------------------------------------------------- from a folder
@@ -130,8 +136,8 @@ def load_generator(directory: str | Path) -> tuple[Any, Any, Architecture]:
                            "--objective clm) or an encoder-decoder (lmforge train-seq2seq): one of "
                            f"{', '.join(architectures_with('generates'))}")
     if loaded.tokenizer is None:
-        raise InputFileError(f"{directory}: no tokenizer to turn text into ids (neither a WordPiece vocab.txt nor a "
-                             "byte-level BPE vocab.json + merges.txt). Save the model with its tokenizer, or call "
+        raise InputFileError(f"{directory}: no tokenizer to turn text into ids (no WordPiece vocab.txt, byte-level BPE "
+                             "vocab.json + merges.txt or tokenizer.json). Save the model with its tokenizer, or call "
                              "lmforge.generation.generate on token ids from Python")
     log.info("loaded %s (%s, %d layers, vocabulary %d)", directory, arch, loaded.config.n_layers,
              loaded.config.vocab_size)

@@ -255,7 +255,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     make_task(run.task).check_options()  # e.g. --task.crf=true on a QA task is an error, not ignored
     backbone, config, tokenizer = load_encoder(run.model, run.tokenizer, run.train.seed, run.preset_options)
     run.task = resolve_task_inputs(run.task, config)
-    _default_rates(run, config, choose_lr)
+    kind = _default_rates(run, config, choose_lr)
     if run.task.input_format == "gpt":  # GPT-1: [START] / [DELIM] / [EXTRACT] join the vocabulary when missing
         from lmforge.tasks.gpt_inputs import add_gpt_tokens, grow_embeddings
 
@@ -290,7 +290,7 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
             return metrics
 
     if choose_schedule:
-        _default_schedule(run, config, len(train_features))
+        _default_schedule(run, kind, len(train_features))
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
                        rank=info.rank, world_size=info.world_size, group_by_length=run.train.group_by_length)
@@ -375,9 +375,9 @@ class _ZeroMetricHint:
                         train.batch_size, train.lr)
 
 
-def _default_schedule(run: FinetuneRun, config: ModelConfig, n_train: int) -> None:
-    """Batch size and epochs for a small training set when the user gave neither (see ``MIN_UPDATES``)."""
-    _, kind = default_lr(run.model, config)
+def _default_schedule(run: FinetuneRun, kind: str, n_train: int) -> None:
+    """Batch size and epochs for a small training set of a ``kind`` backbone (``default_lr``'s) when the user gave
+    neither (see ``MIN_UPDATES``)."""
     if kind != "pretrained transformer" or run.train.max_steps is not None:
         return
     updates = math.ceil(n_train / run.train.batch_size) * run.task.epochs
@@ -393,10 +393,10 @@ def _default_schedule(run: FinetuneRun, config: ModelConfig, n_train: int) -> No
              math.ceil(epochs * per_epoch), math.ceil(updates))
 
 
-def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> None:
+def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> str:
     """Fill in the learning rates the user left to the recipe: ``train.lr`` by backbone (``choose_lr``), and a CRF
     tagger's head rate on a pretrained Transformer (the larger of ``CRF_HEAD_LR`` and lr) unless ``--head-lr`` is
-    given."""
+    given. Returns the backbone's kind (``default_lr``)."""
     lr, kind = default_lr(run.model, config)
     if choose_lr and lr != run.train.lr:
         run.train = from_dict(TrainConfig, {**to_dict(run.train), "lr": lr})
@@ -406,6 +406,7 @@ def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> No
         run.task = from_dict(TaskConfig, {**to_dict(run.task), "head_lr": CRF_HEAD_LR}, where="--task")
         log.info("CRF tagger: the head (emissions and transitions) learns at %g, the encoder at %g: the head starts "
                  "from nothing (--head-lr to change it)", CRF_HEAD_LR, run.train.lr)
+    return kind
 
 
 # ---------------------------------------------------------------------------------------------- evaluate, predict

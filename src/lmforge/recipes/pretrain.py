@@ -56,17 +56,22 @@ def check_finetune_defaults(values: dict[str, Any], where: str) -> dict[str, Any
     return values
 
 
+def _run_config(folder: str | Path) -> dict[str, Any]:
+    """The ``run_config.json`` of a run folder; {} when there is none or it cannot be read as a JSON object."""
+    path = Path(folder) / "run_config.json"
+    try:
+        values = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
 def recorded_finetune_defaults(folder: str | Path) -> dict[str, Any]:
     """The fine-tuning settings the pretraining recipe of ``folder`` recorded (its ``run_config.json``'s
     ``finetune``: ``{"train": {...}, "task": {...}}``); {} for any other folder, or none."""
-    import json
-
-    path = Path(folder) / "run_config.json"
-    try:
-        values = json.loads(path.read_text(encoding="utf-8")).get("finetune") if path.is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return {}
-    return check_finetune_defaults(values, str(path)) if isinstance(values, dict) and values else {}
+    values = _run_config(folder).get("finetune")
+    return check_finetune_defaults(values, str(Path(folder) / "run_config.json")) \
+        if isinstance(values, dict) and values else {}
 
 
 def plateau_warning(results: dict[str, Any]) -> str | None:
@@ -247,13 +252,8 @@ def recorded_settings(run: PretrainRun) -> dict[str, Any]:
     ``run_config.json``), or none, never the unused default."""
     values = to_dict(run)
     if run.init_from:
-        values["preset"] = ""
-        try:
-            earlier = json.loads((Path(run.init_from) / "run_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            earlier = {}
-        if isinstance(earlier, dict) and isinstance(earlier.get("preset"), str):
-            values["preset"] = earlier["preset"]
+        preset = _run_config(run.init_from).get("preset")
+        values["preset"] = preset if isinstance(preset, str) else ""
     return values
 
 

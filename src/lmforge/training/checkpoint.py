@@ -356,19 +356,15 @@ def load_trainer_state(directory: str | Path) -> dict[str, Any]:
 
 
 def _older_checkpoints_advice(directory: Path) -> str:
-    """What to resume from instead of a checkpoint that cannot be read: the run's other checkpoints, newest
-    first."""
-    parent = directory.parent
+    """What to resume from instead of a checkpoint that cannot be read: the run's older complete checkpoints,
+    newest first."""
     own = _STEP_DIR.match(directory.name)
-    steps = []
-    for sibling in parent.glob("step-*") if parent.name == CHECKPOINTS_DIR and own else ():
-        match = _STEP_DIR.match(sibling.name)
-        if match and int(match.group(1)) < int(own.group(1)) and (sibling / STATE_NAME).is_file():
-            steps.append((int(match.group(1)), sibling))
-    if not steps:
+    older = []
+    if own and directory.parent.name == CHECKPOINTS_DIR:
+        older = [path for step, path in list_checkpoints(directory.parent.parent) if step < int(own.group(1))]
+    if not older:
         return "Start afresh (--resume never) or resume from another copy of the run"
-    names = ", ".join(str(p) for _, p in sorted(steps, reverse=True)[:3])
-    return f"Resume from an older checkpoint instead (--resume PATH): {names}"
+    return f"Resume from an older checkpoint instead (--resume PATH): {', '.join(map(str, older[::-1][:3]))}"
 
 
 def config_differences(saved: dict[str, Any] | None, current: dict[str, Any] | None, prefix: str = "",
