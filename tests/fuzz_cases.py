@@ -170,6 +170,8 @@ def build_fixtures(root: Path) -> dict[str, Path]:
                  "--max-length", "32", "--train.log_every=1"])
     fx["hf-bert"] = root / "hf-bert"
     _quiet_main(["convert", "--to-hf", str(fx["encoder"]), "--out", str(fx["hf-bert"])])
+    fx["hf-classifier"] = root / "hf-classifier"  # a BertForSequenceClassification with its labels
+    _quiet_main(["convert", "--to-hf", str(fx["classifier"]), "--out", str(fx["hf-classifier"])])
     return fx
 
 
@@ -303,8 +305,10 @@ SPECS: list[Spec] = [
     Spec("serve", (Input("--model", "classifier", "classifier"),), None, (), has_overwrite=False),
     Spec("convert", (Input("--to-hf", "encoder", "model"),), Output("--out", "hf", True)),
     Spec("convert", (Input("--from-hf", "hf-bert", "hf-model"),), Output("--out", "ours", True), variant="from-hf"),
+    Spec("convert", (Input("--from-hf", "hf-classifier", "hf-task"),), Output("--out", "ours", True),
+         variant="from-hf-task"),
 ]
-DIR_KINDS = {"model", "classifier", "gpt", "seq2seq", "hf-model", "tokenizer", "data", "run"}
+DIR_KINDS = {"model", "classifier", "gpt", "seq2seq", "hf-model", "hf-task", "tokenizer", "data", "run"}
 # Fixtures a command needs beside its argv (paths inside the compare recipe are relative to the case folder).
 SUPPORT = {"compare": ("train.csv", "tokenizer")}
 
@@ -474,6 +478,15 @@ HF_CONFIG = {
     "hf-config-bad-activation": _json_in_copy("config.json", _set(("hidden_act",), "sparkles")),
     "hf-config-non-utf8": _in_copy("config.json", b'{"model_type": "bert", "x": "\xff"}\n'),
 }
+HF_TASK = {  # a Hugging Face task model's config.json (labels, class, lmforge's own notes)
+    "hf-task-id2label-gap": _json_in_copy("config.json", _set(("id2label",), {"0": "a", "5": "b"})),
+    "hf-task-id2label-too-few": _json_in_copy("config.json", _set(("id2label",), {"0": "a"})),
+    "hf-task-multi-label": _json_in_copy("config.json", _set(("problem_type",), "multi_label_classification")),
+    "hf-task-architecture-bare": _json_in_copy("config.json", _set(("architectures",), ["BertModel"])),
+    "hf-task-architecture-not-a-list": _json_in_copy("config.json", _set(("architectures",), "BertModel")),
+    "hf-task-crf-file-missing": _json_in_copy("config.json", _set(("lmforge_crf",), {"file": "crf.safetensors"})),
+    "hf-task-lmforge-head-bogus": _json_in_copy("config.json", _set(("lmforge_head", "bogus_option"), 1)),
+}
 DATA = {  # a folder made by `lmforge data prepare`
     "manifest-missing": _in_copy("manifest.json", None),
     "manifest-malformed": _in_copy("manifest.json", '{"format": "lmforge-shards",\n'),
@@ -625,6 +638,7 @@ MALFORMED: dict[str, dict[str, Mutate | None]] = {
     "model": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB}, "gpt": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB},
     "seq2seq": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB},
     "classifier": {**MODEL_CONFIG, **WEIGHTS, **MODEL_VOCAB, **HEAD}, "hf-model": {**HF_CONFIG, **WEIGHTS, **VOCAB},
+    "hf-task": {**HF_CONFIG, **WEIGHTS, **VOCAB, **HF_TASK},
     "tokenizer": VOCAB, "data": DATA, "run": RUN, "csv": CSV_TRAIN, "csv-eval": CSV_EVAL,
     "csv-unlabelled": CSV_UNLABELLED, "conll": CONLL, "squad": SQUAD, "choice": CHOICE, "jsonl": JSONL_PAIRS,
     "toml": TOML,

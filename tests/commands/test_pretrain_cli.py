@@ -133,6 +133,33 @@ def test_config_file_flags_and_overrides(prepared, tmp_path, capsys):
     assert "--resume auto" in capsys.readouterr().err
 
 
+def test_roberta_recipe_exports_as_roberta_and_fills_masks_in_transformers(prepared, tmp_path, capsys):
+    # RoBERTa pretrain -> export -> transformers' fill-mask pipeline (issue 37): the recipe's hf_layout writes it as
+    # RobertaForMaskedLM, whose positions start after the padding id, with the same MLM logits as ours
+    transformers = pytest.importorskip("transformers", reason="transformers is the reference (dev extra)")
+    import torch
+
+    out = tmp_path / "run"
+    code = main(["pretrain", "--config", str(ROOT / "configs" / "roberta-mini.toml"), "--input", str(prepared / "data"),
+                 "--out", str(out), "--max-steps", "2", "--batch-size", "4", "--seq-len", "32",
+                 "--train.eval_every=0", "--train.save_every=0", *TINY])
+    assert code == 0, capsys.readouterr().err
+    assert main(["-q", "convert", "--to-hf", str(out), "--out", str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["model_type"] == "roberta" and config["architectures"] == ["RobertaForMaskedLM"]
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    ours = load_pretrained(out)
+    ids = torch.tensor([ours.tokenizer.encode("the market rose in the [MASK] quarter")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(ids).mlm_logits, hf(ids).logits, rtol=1e-4, atol=1e-5)
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), device="cpu")
+    guesses = fill("the market rose in the [MASK] quarter")
+    assert len(guesses) == 5 and all("[MASK]" not in g["sequence"] for g in guesses)
+    # and back: the imported folder remembers it is a RoBERTa
+    assert main(["-q", "convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "again")]) == 0
+    assert load_pretrained(tmp_path / "again").config.hf_layout == "roberta"
+
+
 def test_a_token_budget_replaces_the_default_step_count(prepared, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["pretrain", "--preset", "gpt-nano", "--objective", "clm", "--data", str(prepared / "data"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lmforge.errors import LmforgeError
-from lmforge.interop import formats, hf_albert, hf_bert, hf_distilbert, hf_electra, hf_gpt2, hf_xlnet
+from lmforge.interop import formats, hf_albert, hf_bert, hf_distilbert, hf_electra, hf_gpt2, hf_roberta, hf_xlnet
 from lmforge.interop.keymap import KeyMap, with_leaves
 from tests.interop.parity import hf_model, transformers
 
@@ -71,18 +71,19 @@ def test_claims_take_the_keys_the_table_does_not_name() -> None:
 
 # ---------------------------------------------------------------------------------------------- the registry
 def test_the_registry_reads_each_model_type() -> None:
-    assert set(formats.HF_FORMATS) == {"bert", "albert", "distilbert", "electra", "gpt2", "xlnet"}
-    modules = {"bert": hf_bert, "albert": hf_albert, "distilbert": hf_distilbert, "electra": hf_electra,
-               "gpt2": hf_gpt2, "xlnet": hf_xlnet}
+    assert set(formats.HF_FORMATS) == {"bert", "roberta", "albert", "distilbert", "electra", "gpt2", "xlnet"}
+    modules = {"bert": hf_bert, "roberta": hf_roberta, "albert": hf_albert, "distilbert": hf_distilbert,
+               "electra": hf_electra, "gpt2": hf_gpt2, "xlnet": hf_xlnet}
     for model_type, module in modules.items():
         assert formats.hf_format(model_type).config_from_hf is module.config_from_hf
     # the repeats a shape-only (meta) pass leaves out: the tied decoders / LM heads
     assert {t: f.compared_repeats for t, f in formats.HF_FORMATS.items()} == {
-        "bert": ("cls.predictions.decoder.weight",), "albert": ("predictions.decoder.weight",),
+        "bert": ("cls.predictions.decoder.weight",), "roberta": ("lm_head.decoder.weight",),
+        "albert": ("predictions.decoder.weight",),
         "distilbert": ("vocab_projector.weight",), "gpt2": ("lm_head.weight",), "xlnet": ("lm_loss.weight",),
         "electra": ("generator_lm_head.weight",)}
-    with pytest.raises(LmforgeError, match=r"'roberta' checkpoint; lmforge reads model_type 'bert', .*'electra'"):
-        formats.hf_format("roberta")
+    with pytest.raises(LmforgeError, match=r"'t5' checkpoint; lmforge reads model_type 'bert', .*'electra'"):
+        formats.hf_format("t5")
 
 
 def test_the_registry_gives_task_states_heads_and_optional_keys() -> None:
@@ -91,7 +92,8 @@ def test_the_registry_gives_task_states_heads_and_optional_keys() -> None:
     bert = formats.hf_format("bert")
     tensors = hf_model("BertForMaskedLM", config, seed=1).state_dict()
     state, head, optional = bert.state_from_hf(tensors, True, bert.config_from_hf(config.to_dict()))
-    assert head == {"type": "pretraining"} and optional == ("backbone.pooler.", "head.nsp.")
+    # BertForMaskedLM is the MLM head alone (no NSP classifier to start fresh); its missing pooler starts fresh
+    assert head == {"type": "mlm"} and optional == ("backbone.pooler.",)
     assert {k.split(".", 1)[0] for k in state} == {"backbone", "head"}
     state, head, optional = bert.state_from_hf(tensors, False, bert.config_from_hf(config.to_dict()))
     assert head is None and optional == ("pooler.",) and "embeddings.tokens.weight" in state

@@ -97,13 +97,13 @@ def test_checkpoint_of_another_architecture(tmp_path):
     config_path = tmp_path / "m" / "config.json"
     raw = json.loads(config_path.read_text())
     raw["model"].update(arch="decoder", norm_first=True)
-    for name in ("type_vocab_size", "embedding_size", "share_layers", "pooler", "generator_size"):
+    for name in ("type_vocab_size", "embedding_size", "share_layers", "pooler", "generator_size", "hf_layout"):
         del raw["model"][name]  # the encoder family's options
     config_path.write_text(json.dumps(raw))
     with pytest.raises(LmforgeError, match="the weights do not fit the model"):
         load_pretrained(tmp_path / "m")
     config_path.write_text(json.dumps({"model_type": "t5", "d_model": 8}))
-    with pytest.raises(LmforgeError, match="'t5' checkpoint; lmforge reads BERT, ALBERT, "):
+    with pytest.raises(LmforgeError, match="'t5' checkpoint; lmforge reads BERT, RoBERTa, ALBERT, "):
         load_pretrained(tmp_path / "m")
 
 
@@ -124,7 +124,7 @@ def test_corrupt_and_missing_files(tmp_path):
         load_pretrained(tmp_path / "empty")
 
 
-def test_hugging_face_masked_lm_folder_loads_with_fresh_nsp(tmp_path, caplog):
+def test_hugging_face_masked_lm_folder_loads_as_an_mlm_head_with_a_fresh_pooler(tmp_path, caplog):
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(vocab_size=99, hidden_size=12, num_attention_heads=3, num_hidden_layers=2,
                                      intermediate_size=37, max_position_embeddings=16)
@@ -132,7 +132,9 @@ def test_hugging_face_masked_lm_folder_loads_with_fresh_nsp(tmp_path, caplog):
     reference.save_pretrained(str(tmp_path / "hf"))
     with caplog.at_level("WARNING", logger="lmforge"):
         loaded = load_pretrained(tmp_path / "hf")
-    assert "head.nsp.classifier" in caplog.text and "backbone.pooler.dense" in caplog.text
+    # BertForMaskedLM has no NSP classifier: it loads as the MLM head alone (and exports back as BertForMaskedLM)
+    assert loaded.head == {"type": "mlm"} and "head.nsp" not in caplog.text
+    assert "backbone.pooler.dense" in caplog.text
     ids = torch.randint(0, 99, (2, 5))
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(ids).mlm_logits, reference(ids).logits, atol=1e-5, rtol=1e-5)

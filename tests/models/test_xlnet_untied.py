@@ -192,8 +192,8 @@ def test_generation_reads_the_untied_head():
     ("bias", r"Hugging Face XLNet: bias=False \(HF XLNet's feed-forward has biases\)", r"bias=False.*has no Hugging"),
 ])
 def test_the_hugging_face_export_refuses_untied_and_bias_free_in_one_line(option, words, folder_words, tmp_path):
-    from lmforge.commands.models import export_to_hf
     from lmforge.interop import hf_xlnet
+    from lmforge.interop.export import export_to_hf
 
     with pytest.raises(LmforgeError, match=words) as err:
         hf_xlnet.config_to_hf(ModelConfig(arch="xlnet", **{option: False}))

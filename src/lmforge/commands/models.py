@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from pathlib import Path
 
-from lmforge.choices import TEXT_POOLINGS, WORD_POOLINGS
+from lmforge.choices import HF_ENCODER_LAYOUTS, TEXT_POOLINGS, WORD_POOLINGS
 from lmforge.commands.options import Count
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
@@ -115,13 +116,18 @@ def run_embed(args: argparse.Namespace) -> int:
 def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="DIR",
-                     help="a Hugging Face BERT, ALBERT, DistilBERT, GPT-2, XLNet or ELECTRA folder (safetensors) to "
-                          "import")
+                     help="a Hugging Face BERT, RoBERTa, ALBERT, DistilBERT, GPT-2, XLNet or ELECTRA folder "
+                          "(safetensors) to import: a bare model, a pretraining class or a task class (sequence, "
+                          "token, question answering, multiple choice), its labels and tokenizer included")
     src.add_argument("--to-hf", metavar="DIR",
                      help="an lmforge model folder to export: an encoder as BERT, ALBERT (embedding_size or "
                           "share_layers set), DistilBERT (type_vocab_size=0, no pooler) or ELECTRA (no pooler, a "
-                          "segment embedding; an ELECTRA run's discriminator as ElectraForPreTraining); a GPT decoder "
-                          "as GPT-2; an XLNet as XLNetLMHeadModel")
+                          "segment embedding; an ELECTRA run's discriminator as ElectraForPreTraining), or as "
+                          "--hf-layout says; a GPT decoder as GPT-2; an XLNet as XLNet. A task head becomes its "
+                          "transformers class (BertForSequenceClassification ...), with its labels")
+    p.add_argument("--hf-layout", choices=HF_ENCODER_LAYOUTS, default=None,
+                   help="with --to-hf, the Hugging Face family an encoder is written as (roberta for a model "
+                        "pretrained with RoBERTa's recipe); without it, the family its config implies")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--overwrite", action="store_true")
 
@@ -129,9 +135,13 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     from safetensors.torch import save
 
+    from lmforge.interop.export import export_model
     from lmforge.persistence import dedupe_tied, load_pretrained, read_config, save_pretrained
 
     source = args.from_hf or args.to_hf
+    if args.from_hf and args.hf_layout:
+        raise LmforgeError("--hf-layout chooses the family of an export; drop it with --from-hf (the folder's "
+                           "config.json says what it is)")
     out = prepare_output_dir(args.out, overwrite=args.overwrite, inputs=[source], create=False)
     if args.from_hf:
         raw = read_config(args.from_hf)
@@ -140,14 +150,22 @@ def run_convert(args: argparse.Namespace) -> int:
         loaded = load_pretrained(args.from_hf)
         with staged_output_dir(out) as tmp:
             save_pretrained(loaded.model, tmp, config=loaded.config, head=loaded.head, tokenizer=loaded.tokenizer)
-        print(f"converted {args.from_hf} ({loaded.config.arch}, {loaded.config.n_layers} layers) -> {out}")
+        what = f"{loaded.config.arch}, {loaded.config.n_layers} layers"
+        if loaded.head is not None:
+            what += f", {_head_words(loaded.head)}"
+        if loaded.tokenizer is None:
+            print(f"note: {args.from_hf} has no tokenizer lmforge reads (vocab.txt, vocab.json + merges.txt or "
+                  "tokenizer.json); the converted folder has none: give it one before embed, fine-tune or predict")
+        print(f"converted {args.from_hf} ({what}) -> {out}")
         return 0
     loaded = load_pretrained(args.to_hf)
-    hf_config, hf_state = export_to_hf(loaded)
-    tensors, _ = dedupe_tied(hf_state)
+    exported = export_model(loaded, args.hf_layout)
+    tensors, _ = dedupe_tied(exported.state)
     with staged_output_dir(out) as tmp:
         atomic_write_bytes(tmp / WEIGHTS_NAME, save(tensors, metadata={"format": "pt"}))
-        atomic_write_text(tmp / "config.json", json.dumps(hf_config, indent=2) + "\n")
+        for name, extra in exported.files.items():
+            atomic_write_bytes(tmp / name, save(extra, metadata={"format": "pt"}))
+        atomic_write_text(tmp / "config.json", json.dumps(exported.config, indent=2) + "\n")
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(tmp)
             from lmforge.tokenizers import WordPieceTokenizer
@@ -157,123 +175,16 @@ def run_convert(args: argparse.Namespace) -> int:
 
                 atomic_write_text(tmp / TOKENIZER_JSON,
                                   json.dumps(wordpiece_tokenizer_json(loaded.tokenizer), ensure_ascii=False) + "\n")
-    print(f"exported {args.to_hf} -> {out} (Hugging Face {hf_config['model_type']} layout)")
+        else:
+            exported.notes.append(f"{args.to_hf} has no tokenizer, so the export has none: copy the tokenizer files "
+                                  "of the data it was trained on beside it")
+    for note in exported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"exported {args.to_hf} -> {out} (Hugging Face {exported.config['architectures'][0]})")
     return 0
 
 
-def export_to_hf(loaded) -> tuple[dict, dict]:
-    """Hugging Face config dict and state dict of a loaded lmforge model (BERT-family encoder, GPT decoder, XLNet).
-
-    The family's ``hf_export`` names the layout; the branches below are about those concrete layouts (each has its
-    own converter in ``lmforge.interop``), not about lmforge's families. The encoder family's "bert" layout is
-    refined by the config (``encoder_layout``): BERT, ALBERT or DistilBERT.
-    """
-    from lmforge.models import architecture, architectures_with
-
-    config = loaded.config
-    layout = architecture(config.arch).hf_export
-    if layout is not None and (not config.bias or config.ffn != "mlp"):
-        raise LmforgeError(f"bias={config.bias}, ffn={config.ffn!r}: Hugging Face's {layout} layout has biases in "
-                           "every projection and a plain feed-forward; this model (Cramming's options) has no Hugging "
-                           "Face layout; keep it as an lmforge folder")
-    state = loaded.model.state_dict()
-    if layout == "bert":
-        return _export_encoder(loaded, state)
-    if layout == "gpt2":
-        from lmforge.interop import hf_gpt2
-
-        return hf_gpt2.config_to_hf(config), hf_gpt2.state_dict_to_hf(state, config)
-    if layout == "xlnet":
-        from lmforge.interop import hf_xlnet
-
-        if loaded.head is not None:
-            raise LmforgeError(f"exporting a {loaded.head.get('type')!r} head of an XLNet to Hugging Face is not "
-                               "supported; export the backbone (written as XLNetLMHeadModel, with its LM bias)")
-        return hf_xlnet.config_to_hf(config), hf_xlnet.state_dict_to_hf(state)
-    exportable = ", ".join(f"{name} as {architecture(name).hf_export}" for name in architectures_with("hf_export"))
-    raise LmforgeError(f"exporting a {config.arch!r} model to Hugging Face is not supported (BERT and GPT-2 are: "
-                       f"{exportable})")
-
-
-# What each encoder layout writes for each head: {layout: {head type or None: architectures entry}}.
-_ENCODER_ARCHITECTURES = {
-    # a bare encoder is BertModel: naming a class with heads makes transformers warn that the checkpoint "seems
-    # corrupted" and add random heads (issue 23)
-    "bert": {None: "BertModel", "pretraining": "BertForPreTraining"},
-    "albert": {None: "AlbertModel", "pretraining": "AlbertForPreTraining", "mlm": "AlbertForMaskedLM"},
-    "distilbert": {None: "DistilBertModel", "mlm": "DistilBertForMaskedLM"},
-}
-
-
-def encoder_layout(config) -> str:
-    """The Hugging Face layout an encoder config exports as: "distilbert" (no segment embedding and no pooler),
-    "albert" (a factorised embedding or shared layers), else "bert". Each converter then names any option its
-    layout cannot express."""
-    if config.type_vocab_size == 0 and not config.pooler:
-        return "distilbert"
-    if config.embedding_size is not None or config.share_layers != "none":
-        return "albert"
-    return "bert"
-
-
-def _export_encoder(loaded, state: dict) -> tuple[dict, dict]:
-    from lmforge.interop import hf_albert, hf_bert, hf_distilbert
-
-    if _exports_as_electra(loaded):
-        return _export_electra(loaded, state)
-    config = loaded.config
-    layout = encoder_layout(config)
-    head_type = None if loaded.head is None else loaded.head.get("type")
-    names = {"bert": "BERT", "albert": "ALBERT", "distilbert": "DistilBERT"}
-    if head_type not in _ENCODER_ARCHITECTURES[layout]:
-        supported = ", ".join(f"{k!r} as {v}" for k, v in _ENCODER_ARCHITECTURES[layout].items() if k)
-        raise LmforgeError(f"exporting a {head_type!r} head of a {names[layout]}-layout encoder to Hugging Face is not "
-                           f"supported (heads that are: {supported}); export the backbone")
-    if layout == "bert" and (config.type_vocab_size == 0 or not config.pooler):
-        raise LmforgeError(
-            f"no Hugging Face layout expresses this encoder (type_vocab_size={config.type_vocab_size}, "
-            f"pooler={config.pooler}): BERT and ALBERT need a segment embedding (type_vocab_size >= 1) and a pooler "
-            "(ALBERT without one only with an 'mlm' head, as AlbertForMaskedLM), DistilBERT needs "
-            "type_vocab_size=0 and pooler=False")
-    architecture_name = _ENCODER_ARCHITECTURES[layout][head_type]
-    if head_type is None:
-        enc, heads = state, None
-    else:
-        enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-        heads = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
-    if layout == "distilbert":
-        return (hf_distilbert.config_to_hf(config, architecture_name),
-                hf_distilbert.state_dict_to_hf(enc, heads))
-    if layout == "albert":
-        return (hf_albert.config_to_hf(config, architecture_name),
-                hf_albert.state_dict_to_hf(enc, heads, share_layers=config.share_layers))
-    return hf_bert.config_to_hf(config, architecture_name), hf_bert.state_dict_to_hf(enc, heads)
-
-
-def _exports_as_electra(loaded) -> bool:
-    """ELECTRA's heads, or an encoder in ELECTRA's shape: no pooler, a segment embedding, no layer sharing, and no head
-    (BERT's and ALBERT's models have a pooler) or an MLM head with GELU (an ELECTRA generator; with another activation
-    a factorised encoder keeps exporting as AlbertForMaskedLM, whose MLM transform uses the model's activation)."""
-    config = loaded.config
-    head_type = None if loaded.head is None else loaded.head.get("type")
-    if head_type in ("electra", "rtd"):
-        return True
-    return (not config.pooler and config.type_vocab_size >= 1 and config.share_layers == "none"
-            and (head_type is None or (head_type == "mlm" and config.activation == "gelu")))
-
-
-def _export_electra(loaded, state: dict) -> tuple[dict, dict]:
-    """An ELECTRA pretraining run exports its discriminator (the backbone and the RTD head) as
-    ElectraForPreTraining; the generator is a checkpoint of its own on Hugging Face's side (``lmforge.interop.
-    hf_electra.generator_state_dicts``)."""
-    from lmforge.interop import hf_electra
-
-    head_type = None if loaded.head is None else loaded.head.get("type")
-    if head_type is None:
-        return hf_electra.config_to_hf(loaded.config, "ElectraModel"), hf_electra.state_dict_to_hf(state)
-    enc = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-    kind = "rtd" if head_type == "electra" else head_type
-    heads = {k[len("head."):]: v for k, v in state.items() if k.startswith(f"head.{kind}.")}
-    return (hf_electra.config_to_hf(loaded.config, hf_electra.architecture_of(kind)),
-            hf_electra.state_dict_to_hf(enc, heads))
-
+def _head_words(head: dict) -> str:
+    """"a 'sequence_classification' head (3 labels)" for the convert line."""
+    labels = head.get("labels")
+    return f"a {head.get('type')!r} head" + (f" ({len(labels)} labels)" if labels else "")

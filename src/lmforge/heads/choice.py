@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
+from lmforge.heads.classification import hidden_layer
 from lmforge.nn.kernels.packed_dropout import Dropout
 
 
@@ -37,11 +38,15 @@ class MultipleChoiceHead(nn.Module):
         d_model: the backbone's pooled width D.
         dropout: on the pooled vector.
         init_std: weights from N(0, init_std^2), bias 0 (None: PyTorch's default).
+        hidden: a dense D -> D layer with this activation before the scorer (``SequenceClassificationHead``'s
+            ``hidden``: DistilBERT's ReLU pre-classifier, ELECTRA's and XLNet's sequence summaries).
     """
 
-    def __init__(self, d_model: int, *, dropout: float = 0.1, init_std: float | None = 0.02) -> None:
+    def __init__(self, d_model: int, *, dropout: float = 0.1, init_std: float | None = 0.02,
+                 hidden: str | None = None) -> None:
         super().__init__()
         self.dropout = Dropout(dropout)
+        self.dense, self.hidden_activation = hidden_layer(d_model, hidden, init_std)
         self.scorer = nn.Linear(d_model, 1)
         if init_std is not None:
             nn.init.normal_(self.scorer.weight, std=init_std)
@@ -50,7 +55,10 @@ class MultipleChoiceHead(nn.Module):
     def forward(self, out, doc_index: Tensor, option_index: Tensor, labels: Tensor | None = None) -> ChoiceOutput:
         """``out.pooled_output`` (R, D); ``doc_index`` (R,) each row's question; ``option_index`` (R,) its option
         number in that question; ``labels`` (B,) the right option of each question."""
-        scores = self.scorer(self.dropout(out.pooled_output)).squeeze(-1)  # (R,)
+        pooled = out.pooled_output
+        if self.dense is not None:
+            pooled = self.hidden_activation(self.dense(self.dropout(pooled)))
+        scores = self.scorer(self.dropout(pooled)).squeeze(-1)  # (R,)
         n_docs, width = int(doc_index.max()) + 1, int(option_index.max()) + 1
         logits = scores.new_full((n_docs, width), float("-inf"))
         logits = logits.index_put((doc_index, option_index), scores)  # (B, K)
@@ -60,8 +68,8 @@ class MultipleChoiceHead(nn.Module):
         return ChoiceOutput(logits, loss, torch.tensor(labels.shape[0]))
 
 
-def build_choice_head(config: ModelConfig, backbone: nn.Module, *, dropout: float | None = None
-                      ) -> MultipleChoiceHead:
+def build_choice_head(config: ModelConfig, backbone: nn.Module, *, dropout: float | None = None,
+                      hidden: str | None = None) -> MultipleChoiceHead:
     """The head for ``backbone`` (it must have a pooled output: BERT's [CLS], a GPT's extract token)."""
     from lmforge.models import architecture, architectures_with
 
@@ -71,4 +79,4 @@ def build_choice_head(config: ModelConfig, backbone: nn.Module, *, dropout: floa
         raise LmforgeError(f"multiple choice scores one pooled vector per option, which a {config.arch} backbone "
                            f"does not offer; use one of {pooled}")
     return MultipleChoiceHead(config.d_model, dropout=config.dropout if dropout is None else dropout,
-                              init_std=config.init_std if family.uses_init_std else None)
+                              init_std=config.init_std if family.uses_init_std else None, hidden=hidden)

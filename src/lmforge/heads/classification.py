@@ -18,6 +18,7 @@ Shapes: R rows (windows), B documents, D model dim, C classes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -55,10 +56,16 @@ class SequenceClassificationHead(nn.Module):
         pooling: "cls" classifies the backbone's ``pooled_output`` (BERT's pooler over h_[CLS]); "mean" the mean of
             the final states over the real tokens (Reimers and Gurevych 2019), which an encoder pretrained by MLM
             alone has trained at every position, where its [CLS] state and pooler never received a gradient.
+        hidden: put a dense D -> D layer with this activation ("tanh", "relu", "gelu") between the pooled vector
+            and the classifier, with dropout before each: the classification heads of RoBERTa (tanh over <s>),
+            ELECTRA (GELU), DistilBERT (ReLU) and XLNet (tanh over its last token), whose encoders have no pooler.
+            None: the classifier reads the pooled vector (BERT, whose pooler is that layer).
+        bias: the classifier has a bias (GPT-2's ``score`` layer has none).
     """
 
     def __init__(self, d_model: int, labels: list[str], *, regression: bool = False, dropout: float = 0.1,
-                 init_std: float | None = 0.02, combine_windows: str = "mean_logits", pooling: str = "cls") -> None:
+                 init_std: float | None = 0.02, combine_windows: str = "mean_logits", pooling: str = "cls",
+                 hidden: str | None = None, bias: bool = True) -> None:
         super().__init__()
         if combine_windows not in ("mean_logits", "sum_states"):
             raise LmforgeError(f"combine_windows={combine_windows!r} is not one of mean_logits, sum_states")
@@ -73,10 +80,12 @@ class SequenceClassificationHead(nn.Module):
         # TaskModel: an encoder may compute its last layer at [CLS] alone when only its pooled output is read
         self.reads_pooled_only = pooling == "cls"
         self.dropout = Dropout(dropout)
-        self.classifier = nn.Linear(d_model, 1 if regression else len(labels))
+        self.dense, self.hidden_activation = hidden_layer(d_model, hidden, init_std)
+        self.classifier = nn.Linear(d_model, 1 if regression else len(labels), bias=bias)
         if init_std is not None:
             nn.init.normal_(self.classifier.weight, std=init_std)
-            nn.init.zeros_(self.classifier.bias)
+            if bias:
+                nn.init.zeros_(self.classifier.bias)
 
     def forward(self, out, labels: Tensor | None = None, doc_index: Tensor | None = None,
                 attention_mask: Tensor | None = None) -> SequenceClassificationOutput:
@@ -86,6 +95,8 @@ class SequenceClassificationHead(nn.Module):
         pooled = out.pooled_output if self.pooling == "cls" else mean_states(out.last_hidden_state, attention_mask)
         if doc_index is not None and self.combine_windows == "sum_states":
             pooled, doc_index = sum_rows(pooled, doc_index), None  # (B, D)
+        if self.dense is not None:
+            pooled = self.hidden_activation(self.dense(self.dropout(pooled)))
         logits = self.classifier(self.dropout(pooled))  # (R, C)
         if doc_index is not None:
             logits = pool_rows(logits, doc_index)  # (B, C)
@@ -138,6 +149,29 @@ class ConcatPoolingClassifierHead(SequenceClassificationHead):
         return super().forward(out._replace(pooled_output=x), labels, doc_index)
 
 
+# the activations a head's hidden layer may have (``hidden=``): the ones the classification heads of Hugging Face's
+# families use
+HIDDEN_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": F.relu, "gelu": F.gelu}
+
+
+def hidden_layer(d_model: int, hidden: str | None, init_std: float | None
+                 ) -> tuple[nn.Linear | None, Callable[[Tensor], Tensor] | None]:
+    """The dense D -> D layer and activation of a head with ``hidden`` set, else (None, None).
+
+    Raises:
+        LmforgeError: an activation not in ``HIDDEN_ACTIVATIONS`` (named, with the valid ones).
+    """
+    if hidden is None:
+        return None, None
+    if hidden not in HIDDEN_ACTIVATIONS:
+        raise LmforgeError(f"hidden={hidden!r} is not one of {', '.join(HIDDEN_ACTIVATIONS)} (or none)")
+    dense = nn.Linear(d_model, d_model)
+    if init_std is not None:
+        nn.init.normal_(dense.weight, std=init_std)
+        nn.init.zeros_(dense.bias)
+    return dense, HIDDEN_ACTIVATIONS[hidden]
+
+
 def sum_rows(rows: Tensor, doc_index: Tensor) -> Tensor:
     """Sum of the rows of each document: (R, C) with ``doc_index`` (R,) in 0..B-1 -> (B, C)."""
     return rows.new_zeros(int(doc_index.max()) + 1, rows.shape[-1]).index_add(0, doc_index, rows)
@@ -159,8 +193,8 @@ def mean_states(hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
 
 
 def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: list[str], regression: bool = False,
-                        dropout: float | None = None, combine_windows: str = "mean_logits", pooling: str = "cls"
-                        ) -> SequenceClassificationHead:
+                        dropout: float | None = None, combine_windows: str = "mean_logits", pooling: str = "cls",
+                        hidden: str | None = None, bias: bool = True) -> SequenceClassificationHead:
     """The head for ``backbone`` (of family ``config.arch``), initialised as the family initialises its own weights.
 
     Raises:
@@ -182,6 +216,9 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
         if combine_windows != "mean_logits":
             raise LmforgeError("symmetric pairs add two representations, which ULMFiT's batch-normed classifier "
                                "does not take; leave --task.symmetric off for an AWD-LSTM")
+        if hidden is not None or not bias:
+            raise LmforgeError("an AWD-LSTM's classifier is ULMFiT's two batch-normed blocks; hidden= and bias= "
+                               "shape the Transformer heads only")
         return ConcatPoolingClassifierHead(backbone.pooled_dim, labels, regression=regression,
                                            dropout=config.output_p if dropout is None else dropout)
     # BERT draws its classifier from N(0, init_std) like the rest of the model; a family with another scheme (the
@@ -189,4 +226,4 @@ def build_sequence_head(config: ModelConfig, backbone: nn.Module, *, labels: lis
     return SequenceClassificationHead(config.d_model, labels, regression=regression,
                                       dropout=config.dropout if dropout is None else dropout,
                                       init_std=config.init_std if family.uses_init_std else None,
-                                      combine_windows=combine_windows, pooling=pooling)
+                                      combine_windows=combine_windows, pooling=pooling, hidden=hidden, bias=bias)

@@ -16,9 +16,9 @@ from torch import Tensor
 
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
-from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_electra, hf_gpt2, hf_xlnet
+from lmforge.interop import hf_albert, hf_bert, hf_distilbert, hf_electra, hf_gpt2, hf_roberta, hf_tasks, hf_xlnet
 
-__all__ = ["HF_FORMATS", "HfFormat", "LoadedState", "hf_format"]
+__all__ = ["HF_FORMATS", "HfFormat", "LoadedState", "hf_format", "state_from_hf"]
 
 # (our state dict, the head's description or None, prefixes of keys the checkpoint may lack)
 LoadedState = tuple[dict[str, Tensor], dict[str, Any] | None, tuple[str, ...]]
@@ -64,7 +64,15 @@ _PRETRAINING_OPTIONAL = ("backbone.pooler.", "head.nsp.")
 
 def _bert_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelConfig) -> LoadedState:
     encoder_sd, heads_sd = hf_bert.state_dict_from_hf(tensors)
+    if heads_sd is not None and not any(k.startswith("nsp.") for k in heads_sd):  # BertForMaskedLM: MLM alone
+        return _task_state(encoder_sd, heads_sd, {"type": "mlm"}, ("backbone.pooler.",), with_head)
     return _task_state(encoder_sd, heads_sd, {"type": "pretraining"}, _PRETRAINING_OPTIONAL, with_head)
+
+
+def _roberta_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelConfig) -> LoadedState:
+    encoder_sd, heads_sd = hf_roberta.state_dict_from_hf(tensors, config)
+    # RobertaForMaskedLM has no pooler: it starts fresh
+    return _task_state(encoder_sd, heads_sd, {"type": "mlm"}, ("backbone.pooler.",), with_head)
 
 
 def _albert_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelConfig) -> LoadedState:
@@ -93,6 +101,7 @@ def _xlnet_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelCo
 
 HF_FORMATS: Mapping[str, HfFormat] = {fmt.model_type: fmt for fmt in (
     HfFormat("bert", hf_bert.config_from_hf, _bert_state, hf_bert.KEYS.compared_repeats),
+    HfFormat("roberta", hf_roberta.config_from_hf, _roberta_state, hf_roberta.KEYS.compared_repeats),
     HfFormat("albert", hf_albert.config_from_hf, _albert_state, hf_albert.KEYS.compared_repeats),
     HfFormat("distilbert", hf_distilbert.config_from_hf, _distilbert_state, hf_distilbert.KEYS.compared_repeats),
     HfFormat("gpt2", hf_gpt2.config_from_hf, _gpt2_state, ("lm_head.weight",), untied_head=("lm_head.",)),
@@ -111,3 +120,25 @@ def hf_format(model_type: str) -> HfFormat:
         raise LmforgeError(f"a Hugging Face {model_type!r:.40} checkpoint; lmforge reads model_type "
                            f"{', '.join(repr(t) for t in HF_FORMATS)}")
     return HF_FORMATS[model_type]
+
+
+def state_from_hf(fmt: HfFormat, tensors: Mapping[str, Tensor], hf: Mapping[str, Any], with_head: bool,
+                  config: ModelConfig, crf: Mapping[str, Tensor] | None = None) -> LoadedState:
+    """``fmt.state_from_hf`` for any class of the family, task models included: a task head
+    (``BertForSequenceClassification`` ...) is taken out first (``hf_tasks.split_task_head``) and becomes our head
+    (with ``with_head``; dropped without), the rest is the family's body.
+
+    Args:
+        hf: the checkpoint's ``config.json`` (its class and labels).
+        crf: the tensors of the folder's ``crf.safetensors``, when it has one.
+    """
+    body, head_state, spec, task = hf_tasks.split_task_head(tensors, hf, crf)
+    if spec is None:
+        return fmt.state_from_hf(body, with_head, config)
+    encoder_sd, _, optional = fmt.state_from_hf(body, False, config)
+    if not with_head:
+        return encoder_sd, None, optional
+    # a class without the pooler (token, QA) over an encoder that has one: the pooler starts fresh
+    fresh = ("backbone.pooler.",) if task.pooler is False and getattr(config, "pooler", False) else ()
+    state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()}, **{f"head.{k}": v for k, v in head_state.items()}}
+    return state, spec, tuple(f"backbone.{p}" for p in optional) + fresh

@@ -206,7 +206,8 @@ def state_dict_from_hf(hf_sd: Mapping[str, Tensor], config: ModelConfig | None =
 
 
 def state_dict_to_hf(encoder_sd: Mapping[str, Tensor], heads_sd: Mapping[str, Tensor] | None = None, *,
-                     share_layers: str = "none", include_tied: bool = True) -> dict[str, Tensor]:
+                     share_layers: str = "none", include_tied: bool = True, prefixed: bool | None = None
+                     ) -> dict[str, Tensor]:
     """Rename our state dicts to a Hugging Face ALBERT state dict.
 
     Args:
@@ -218,6 +219,7 @@ def state_dict_to_hf(encoder_sd: Mapping[str, Tensor], heads_sd: Mapping[str, Te
             out), or None (``AlbertModel``).
         share_layers: the config's; "all" writes layer 0 as the one hidden group (every other index must alias
             it), "none" writes layer i as group i.
+        prefixed: put the body under ``albert.`` (default: when there are heads; a task class has its own).
         include_tied: with heads, also write ``predictions.decoder.weight`` (= the word embedding) and
             ``predictions.decoder.bias`` (= ``predictions.bias``), as ``AlbertForPreTraining.state_dict()`` has them
             (pass False before ``safetensors.torch.save_file``: they share memory with other entries).
@@ -229,8 +231,8 @@ def state_dict_to_hf(encoder_sd: Mapping[str, Tensor], heads_sd: Mapping[str, Te
     if share_layers not in ("all", "none"):
         raise LmforgeError(f"share_layers={share_layers!r} cannot be written as a Hugging Face ALBERT: it shares "
                            "whole layers (num_hidden_groups=1, share_layers='all') or nothing ('none')")
-    prefixed = heads_sd is not None
-    masked_lm = prefixed and not any(k.startswith("nsp.") for k in heads_sd)
+    masked_lm = heads_sd is not None and not any(k.startswith("nsp.") for k in heads_sd)
+    prefixed = heads_sd is not None if prefixed is None else prefixed
     state: dict[str, Tensor] = {}
     unshared = []
     for key, value in encoder_sd.items():

@@ -155,14 +155,14 @@ def load_folder(directory: str | Path, *, with_head: bool = False, build: Build 
 
 
 def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool, build: Build) -> Loaded:
-    from lmforge.interop.formats import HF_FORMATS
+    from lmforge.interop.formats import HF_FORMATS, state_from_hf
 
     config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     fmt = HF_FORMATS.get(hf_type)
     if fmt is None:
-        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT, ALBERT, "
-                             "DistilBERT, GPT-2, XLNet and ELECTRA layouts (model_type 'bert', 'albert', 'distilbert', "
-                             "'gpt2', 'xlnet' or 'electra')")
+        raise InputFileError(f"{directory}: a Hugging Face {hf_type!r:.40} checkpoint; lmforge reads BERT, RoBERTa, "
+                             "ALBERT, DistilBERT, GPT-2, XLNet and ELECTRA layouts (model_type 'bert', 'roberta', "
+                             "'albert', 'distilbert', 'gpt2', 'xlnet' or 'electra')")
     check_weights_file(weights)  # first: a folder of pickle weights needs converting whatever its config says
     with blaming(config_path):
         config = fmt.config_from_hf(raw)
@@ -170,8 +170,9 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
     # entries that copy another one (a tied decoder) are compared by value, which meta tensors do not have: the shape
     # check leaves them out (the real load checks them)
     meta = {k: torch.empty(shape, device="meta") for k, (_, shape) in header.items() if k not in fmt.compared_repeats}
+    crf = _crf_tensors(directory, raw)
     try:
-        state, head, optional = fmt.state_from_hf(meta, with_head, config)
+        state, head, optional = state_from_hf(fmt, meta, raw, with_head, config, crf)
     except LmforgeError as err:
         raise InputFileError(f"{weights}: {err}") from None
     except (IndexError, RuntimeError) as err:  # a tensor of a rank the conversion cannot split or transpose
@@ -180,7 +181,7 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
     check_fits(lambda: build(config, head), config, {k: tuple(v.shape) for k, v in state.items()}, None,
                config_path, weights, allow_missing=optional + fmt.untied_head)
     with blaming(weights):
-        state, head, optional = fmt.state_from_hf(read_weights(weights), with_head, config)
+        state, head, optional = state_from_hf(fmt, read_weights(weights), raw, with_head, config, crf)
     model = build(config, head)
     fresh = sorted({k.rsplit(".", 1)[0] for k in model.state_dict() if k.startswith(optional) and k not in state})
     if fresh:
@@ -190,6 +191,23 @@ def _load_hf(directory: Path, raw: dict[str, Any], hf_type: str, with_head: bool
     load_state(model, state, tied_aliases(model), str(weights), allow_missing=optional)
     model.eval()
     return Loaded(model, config, head, load_tokenizer(directory, config))
+
+
+def _crf_tensors(directory: Path, raw: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    """The CRF that lmforge wrote beside an exported token model (``crf.safetensors``, named in ``config.json``), or
+    None when the folder has none."""
+    from lmforge.interop.hf_tasks import CRF_FILE, CRF_KEY
+
+    named = raw.get(CRF_KEY)
+    if not named:
+        return None
+    path = directory / CRF_FILE
+    if not path.is_file():
+        raise InputFileError(f"{directory / CONFIG_NAME}: names a CRF ({CRF_KEY}) but {path.name} is missing; copy it "
+                             f"from the exported folder, or remove {CRF_KEY} to load the tagger without its CRF")
+    check_weights_file(path)
+    with blaming(path):
+        return read_weights(path)
 
 
 def as_module(loaded: Loaded, directory: str | Path, expect: type | None = None) -> nn.Module:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from lmforge.choices import LAYER_SHARINGS
+from lmforge.choices import HF_ENCODER_LAYOUTS, LAYER_SHARINGS
 from lmforge.config.model import MAX_SIZE, ModelConfig, register_family
 
 
@@ -22,6 +22,8 @@ class EncoderConfig(ModelConfig):
     ELECTRA (Clark et al. 2020; objective electra, ``lmforge.heads.electra``): ``generator_size`` is the generator's
     width as a fraction of this model's (d_model, n_heads and d_ff each scaled; same depth; embeddings shared with
     this model, the discriminator); None: 1/4. Only pretraining reads it.
+    ``hf_layout``: the Hugging Face family ``lmforge convert --to-hf`` writes this encoder as (``HF_ENCODER_LAYOUTS``;
+    an imported RoBERTa records "roberta", so that it goes back as one); None: the family its options imply.
     """
 
     arch: str = "encoder"
@@ -30,6 +32,7 @@ class EncoderConfig(ModelConfig):
     share_layers: str = "none"
     pooler: bool = True
     generator_size: float | None = None
+    hf_layout: str | None = None
 
     archs: ClassVar[tuple[str, ...]] = ("encoder",)
 
@@ -56,6 +59,9 @@ class EncoderConfig(ModelConfig):
         if g is not None and (isinstance(g, bool) or not isinstance(g, int | float) or not 0.0 < g <= 1.0):
             problems.append(f"generator_size={g!r} must be a fraction in (0, 1] of the discriminator's width (ELECTRA: "
                             "1/4 for small, 1/3 for base), or unset for 1/4")  # the comparison also refuses NaN
+        if self.hf_layout is not None and self.hf_layout not in HF_ENCODER_LAYOUTS:
+            problems.append(f"hf_layout={self.hf_layout!r} is not one of {', '.join(HF_ENCODER_LAYOUTS)} (or unset: "
+                            "the family the options imply)")
         return problems
 
 
