@@ -216,3 +216,22 @@ def test_a_head_transformers_lacks_exports_the_backbone_with_a_note(tmp_path: Pa
     err = capsys.readouterr().err
     assert "pooling='mean'" in err and "the backbone was exported as BertModel" in err
     assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["BertModel"]
+
+
+def test_predict_reads_a_transformers_classifier_folder(tmp_path: Path, tiny_encoder_dir: Path) -> None:
+    # a BertForSequenceClassification as transformers saves it predicts with its own labels, no conversion first
+    from lmforge.tokenizers import WordPieceTokenizer
+
+    vocab = WordPieceTokenizer.from_pretrained(tiny_encoder_dir).vocab_size
+    config = transformers.BertConfig(vocab_size=vocab, hidden_size=12, num_hidden_layers=1, num_attention_heads=3,
+                                     intermediate_size=20, max_position_embeddings=40,
+                                     **labelled("ForSequenceClassification"))
+    hf = hf_model("BertForSequenceClassification", config, seed=9)
+    hf.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.txt").write_bytes((tiny_encoder_dir / "vocab.txt").read_bytes())
+    (tmp_path / "in.csv").write_text("text\nthe cat sat\na dog ran far away\n", encoding="utf-8")
+    assert main(["-q", "predict", "--model", str(tmp_path / "hf"), "--input", str(tmp_path / "in.csv"),
+                 "--out", str(tmp_path / "pred.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == ["the cat sat", "a dog ran far away"]
+    assert all(set(r["probabilities"]) == set(LABELS["ForSequenceClassification"]) for r in rows)

@@ -122,6 +122,10 @@ def hf_format(model_type: str) -> HfFormat:
     return HF_FORMATS[model_type]
 
 
+# the fine-tuning task of each task head transformers has a class for
+_TASK_OF = {hf_tasks.SEQUENCE: "sequence", hf_tasks.TOKEN: "token", hf_tasks.QA: "qa", hf_tasks.CHOICE: "choice"}
+
+
 def state_from_hf(fmt: HfFormat, tensors: Mapping[str, Tensor], hf: Mapping[str, Any], with_head: bool,
                   config: ModelConfig, crf: Mapping[str, Tensor] | None = None) -> LoadedState:
     """``fmt.state_from_hf`` for any class of the family, task models included: a task head
@@ -138,6 +142,9 @@ def state_from_hf(fmt: HfFormat, tensors: Mapping[str, Tensor], hf: Mapping[str,
     encoder_sd, _, optional = fmt.state_from_hf(body, False, config)
     if not with_head:
         return encoder_sd, None, optional
+    if "task" not in spec:  # how predict / evaluate read text for it: the task of the head, at the model's length
+        spec = {**spec, "task": {"task": _TASK_OF[spec["type"]], "max_length": min(128, config.max_seq_len),
+                                 **({"crf": True, "scheme": spec.get("scheme", "BIO")} if spec.get("crf") else {})}}
     # a class without the pooler (token, QA) over an encoder that has one: the pooler starts fresh
     fresh = ("backbone.pooler.",) if task.pooler is False and getattr(config, "pooler", False) else ()
     state = {**{f"backbone.{k}": v for k, v in encoder_sd.items()}, **{f"head.{k}": v for k, v in head_state.items()}}
