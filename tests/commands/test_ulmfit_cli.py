@@ -135,3 +135,28 @@ def test_a_pretrained_folder_fine_tunes_with_other_dropouts_but_not_other_sizes(
     assert all(torch.equal(mine[k], weights[k]) for k in weights if k in mine)
     with pytest.raises(LmforgeError, match=r"--model\.d_model.*dropouts may change.*--model\.output_p"):
         load_encoder(str(ulmfit / "lm_b"), preset_options={"d_model": 8})
+
+
+def test_stage_b_on_one_text_per_line_holds_texts_out_for_its_perplexity(ulmfit, tmp_path, capsys):
+    # the target data of ULMFiT is often short texts, one per line with no blank line (tweets, reviews, questions):
+    # `data prepare` reads each line as a document, so stage (b) holds some out and reports a held-out perplexity
+    # (issue 37, item 7)
+    texts = []
+    for path in sorted((ulmfit / "target").glob("*.txt")):
+        texts += [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()
+                  if 20 < len(line.strip()) < 400]
+    assert len(texts) > 40
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "reviews.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["data", "prepare", "--tokenizer", str(ulmfit / "lm_a"), "--input", str(tmp_path / "texts"),
+                 "--out", str(tmp_path / "data"), "--workers", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "1 file(s) as texts (one text per line, each a document" in err
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == len(texts)
+    assert main(["-q", "pretrain", "--init-from", str(ulmfit / "lm_a"), "--objective", "awd_lm", "--input",
+                 str(tmp_path / "data"), "--out", str(tmp_path / "lm_b"), "--max-steps", "2", "--batch-size", "2",
+                 "--seq-len", "16", "--train.schedule=slanted_triangular"]) == 0, capsys.readouterr().err
+    results = json.loads((tmp_path / "lm_b" / "eval_results.json").read_text())
+    assert results["eval_ppl_lm"] > 1

@@ -270,6 +270,8 @@ def test_large_lines_files_are_read_in_document_aligned_pieces(tmp_path, tokeniz
     (tmp_path / "in" / "prose.txt").write_text(PROSE * 20, encoding="utf-8")  # one document, read whole
     crlf = "\r\n\r\n".join("\r\n".join(d) for d in synthetic_documents(6, seed=6))
     (tmp_path / "in" / "crlf.txt").write_bytes(crlf.encode())
+    texts = "\n".join(" ".join(d[:2]) for d in synthetic_documents(120, seed=7)) + "\n"  # one text per line
+    (tmp_path / "in" / "texts.txt").write_text(texts, encoding="utf-8")
     reference = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / "whole", workers=1, show_progress=False)
     size = (tmp_path / "in" / "big.txt").stat().st_size
     points = shards._cut_points(tmp_path / "in" / "big.txt", size, 1000)
@@ -279,6 +281,9 @@ def test_large_lines_files_are_read_in_document_aligned_pieces(tmp_path, tokeniz
     assert len(shards._file_jobs(0, tmp_path / "in" / "big.txt", "auto", 1000)) == len(points) - 1
     assert [j[4] for j in shards._file_jobs(0, tmp_path / "in" / "prose.txt", "auto", 1000)] == ["documents"]
     assert len(shards._file_jobs(0, tmp_path / "in" / "crlf.txt", "lines", 300)) > 1
+    text_jobs = shards._file_jobs(0, tmp_path / "in" / "texts.txt", "auto", 1000)  # cut at any line break
+    assert len(text_jobs) > 3 and {j[4] for j in text_jobs} == {"texts"}
+    assert reference["formats"]["texts"] == 1
     monkeypatch.setattr(shards, "CHUNK_BYTES", 1000)
     for workers in (1, 2):
         m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / f"pieces{workers}", workers=workers,
@@ -296,9 +301,31 @@ def test_the_log_says_which_format_each_file_was_read_as_and_warns_of_one_long_l
     (tmp_path / "in" / "questions.txt").write_text("\n".join(questions) + "\n", encoding="utf-8")
     with caplog.at_level("INFO", logger="lmforge"):
         m = prepare_corpus(tokenizer_dir, [tmp_path / "in"], tmp_path / "out", workers=1, show_progress=False)
-    assert m["formats"] == {"documents": 1, "lines": 1}
-    assert "read 1 file(s) as documents (each file one document, split into sentences); 1 file(s) as lines" in \
-        caplog.text and "--format auto decided per file" in caplog.text
+    # one text per line and no blank line: each line is a document of its own (issue 37, item 7)
+    assert m["formats"] == {"documents": 1, "texts": 1}
+    assert m["counts"]["documents"] == 251
+    assert "read 1 file(s) as documents (each file one document, split into sentences); 1 file(s) as texts (one " \
+           "text per line, each a document" in caplog.text and "--format auto decided per file" in caplog.text
+    # forced to BERT's format, the same file is one long document, and the warning names the fix
+    caplog.clear()
+    with caplog.at_level("INFO", logger="lmforge"):
+        prepare_corpus(tokenizer_dir, [tmp_path / "in" / "questions.txt"], tmp_path / "out-lines", workers=1,
+                       input_format="lines", show_progress=False)
     assert "questions.txt: read as lines (one sentence per line) with no blank line between documents, so its 250 " \
-           "lines are one document" in caplog.text
+           "lines are one document" in caplog.text and "--format texts" in caplog.text
     assert "prose.txt: read as lines" not in caplog.text
+
+
+def test_texts_format_detection_keeps_hard_wrapped_prose_and_short_files_apart():
+    tweets = "\n".join(f"@user{i} loving the new phone {i} lol" for i in range(30)) + "\n"
+    assert detect_format(tweets) == "texts"
+    reviews = "\n".join(f"Great film number {i}. The cast is superb! Would watch again." for i in range(25))
+    assert detect_format(reviews) == "texts"
+    fmt, docs = file_documents(reviews, "auto")
+    assert fmt == "texts" and len(docs) == 25 and docs[0] == ["Great film number 0.", "The cast is superb!",
+                                                              "Would watch again."]
+    wrapped = "\n".join(["The committee met on Tuesday to discuss the budget and the plans for"] +
+                        ["the coming year, which several members said would be difficult for"] * 24 +
+                        ["everyone."])
+    assert detect_format(wrapped) == "documents"  # one paragraph cut at a fixed width
+    assert detect_format("\n".join(f"Who wrote letter {i}?" for i in range(5))) == "lines"  # too few for texts

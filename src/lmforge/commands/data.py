@@ -11,9 +11,10 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True, metavar="DIR", help="a tokenizer folder (vocab.txt)")
     p.add_argument("--input", nargs="+", required=True, metavar="PATH", help="text files or folders of .txt")
     p.add_argument("--out", required=True, metavar="DIR", help="the prepared folder (shards + manifest.json)")
-    p.add_argument("--format", dest="input_format", choices=("auto", "lines", "documents"), default="auto",
+    p.add_argument("--format", dest="input_format", choices=("auto", "lines", "documents", "texts"), default="auto",
                    help="lines: one sentence per line, blank lines between documents (BERT's format); "
-                        "documents: each file is a document, split into sentences; auto: decide per file")
+                        "documents: each file is a document, split into sentences; texts: one text per line "
+                        "(tweets, reviews, questions), each a document; auto: decide per file and say why")
     p.add_argument("--workers", type=Count(1, 256), default=None, help="tokenizing processes (default: all cores)")
     p.add_argument("--shard-tokens", type=Count(1, 2**40), default=None, metavar="N", help="tokens per shard")
     p.add_argument("--overwrite", action="store_true",

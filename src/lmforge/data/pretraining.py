@@ -290,8 +290,14 @@ class PretrainingData:
                                                 min_eval=2 if nsp and n_docs >= 4 else 1)
         self.documents = train_docs if split == "train" else eval_docs
         if split == "eval" and not len(eval_docs):
-            raise LmforgeError(f"{corpus.path}: there is no eval split (eval_fraction={data_config.eval_fraction}, "
-                               f"{n_docs} document(s)); set eval_fraction > 0 with at least two documents")
+            if data_config.eval_fraction <= 0:
+                raise LmforgeError(f"{corpus.path}: there is no eval split (eval_fraction="
+                                   f"{data_config.eval_fraction}); set --data.eval_fraction above 0 to hold "
+                                   "documents out")
+            raise LmforgeError(f"{corpus.path}: there is no eval split: the corpus is {n_docs} document, and whole "
+                               "documents are held out; if each line of the text is a text of its own (tweets, "
+                               "questions, reviews), prepare it again with --format texts, else give more than one "
+                               "document")
         if nsp and len(self.documents) < 2:
             detail = ""
             if len(self.documents) < n_docs:

@@ -19,12 +19,19 @@ Input formats (``input_format``), decided per file:
   blank lines between documents; a file may hold many documents.
 * ``"documents"`` — prose: each file is one document; its paragraphs (blocks separated by blank lines, lines
   inside a block joined by a space) are split into sentences by ``lmforge.data.sentences.split_sentences``.
-* ``"auto"`` — a file is read as ``lines`` when all of these hold, else as ``documents``:
+* ``"texts"`` — one short text per line (tweets, reviews, questions): each non-empty line is a document of its
+  own, split into sentences.
+* ``"auto"`` — a file of at least ``TEXTS_MIN_LINES`` non-empty lines and no blank line between them is read as
+  ``texts`` unless it is hard-wrapped prose (at least 60% of its lines but the last end without sentence
+  punctuation and are followed by a line starting with a lower-case letter: a paragraph cut at a fixed width).
+  Otherwise a file is read as ``lines`` when all of these hold, else as ``documents``:
   (1) at least 60% of its non-empty lines end with sentence punctuation (``. ! ? …``, optionally followed
   by closing quotes or brackets), (2) at least 80% of its non-empty lines hold one sentence for the splitter,
   and (3) it has at least two non-empty lines per blank-line separated block on average. Prose with one
-  paragraph per line (the BBC News articles) fails (2) or (3); one sentence per line passes all three. A
-  large file read in pieces (below) is decided once, from its first megabyte.
+  paragraph per line (the BBC News articles) fails (2) or (3); one sentence per line passes all three. BERT's
+  format separates documents by blank lines, so a file without any is not read as one long document: a corpus
+  that really is one document of one sentence per line is prepared with ``--format lines``. A large file read in
+  pieces (below) is decided once, from its first megabyte.
 
 Empty sentences and documents with no tokens are dropped (and counted in the manifest).
 
@@ -74,7 +81,7 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 FILES_NAME = "files.jsonl"
-INPUT_FORMATS = ("auto", "lines", "documents")
+INPUT_FORMATS = ("auto", "lines", "documents", "texts")
 DEFAULT_SHARD_TOKENS = 1 << 25  # 33.5M tokens: 67 MB of uint16 ids
 PREPARE_HINT = "run `lmforge data prepare --tokenizer TOKENIZER_DIR --out {out} FILES_OR_FOLDERS` first"
 
@@ -97,7 +104,10 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 # What each input format means, for the line that says which one a file was read as.
 FORMAT_MEANING = {"lines": "one sentence per line, blank lines between documents",
-                  "documents": "each file one document, split into sentences"}
+                  "documents": "each file one document, split into sentences",
+                  "texts": "one text per line, each a document (no blank line in the file)"}
+# A file of at least this many lines and no blank line is auto-read as one text per line.
+TEXTS_MIN_LINES = 20
 # A lines-format file of one document with at least this many sentences gets a warning: most likely one text per line.
 ONE_DOCUMENT_WARNING = 200
 
@@ -106,6 +116,8 @@ def detect_format(text: str) -> str:
     """``"lines"`` or ``"documents"`` for one file's text, by the ``auto`` rule of the module docstring."""
     blocks = split_paragraphs(text)
     lines = [ln for ln in text.splitlines() if ln.strip()]
+    if len(blocks) == 1 and len(lines) >= TEXTS_MIN_LINES and not _hard_wrapped(lines):
+        return "texts"
     if len(lines) < 2 or len(lines) < 2 * len(blocks):
         return "documents"
     punctuated = sum(map(ends_sentence, lines))
@@ -113,6 +125,13 @@ def detect_format(text: str) -> str:
     if punctuated >= 0.6 * len(lines) and single >= 0.8 * len(lines):
         return "lines"
     return "documents"
+
+
+def _hard_wrapped(lines: list[str]) -> bool:
+    """Prose cut at a fixed width: most lines end inside a sentence and the next one goes on in lower case."""
+    pairs = zip(lines[:-1], lines[1:], strict=True)
+    cut = sum(1 for a, b in pairs if not ends_sentence(a) and b.lstrip()[:1].islower())
+    return cut >= 0.6 * (len(lines) - 1)
 
 
 def file_documents(text: str, input_format: str) -> tuple[str, list[list[str]]]:
@@ -126,6 +145,8 @@ def file_documents(text: str, input_format: str) -> tuple[str, list[list[str]]]:
         docs = [[s for s in (ln.strip() for ln in block.splitlines()) if s] for block in split_paragraphs(text)]
     elif fmt == "documents":
         docs = [[s for block in split_paragraphs(text) for s in split_sentences(block)]]
+    elif fmt == "texts":
+        docs = [split_sentences(ln.strip()) for ln in text.splitlines() if ln.strip()]
     else:
         raise LmforgeError(f"input_format={input_format!r} is not one of {', '.join(INPUT_FORMATS)}")
     return fmt, [d for d in docs if d]
@@ -154,6 +175,7 @@ _Job = tuple[int, str, int, int, str | None]
 # format (a documents-format file is one document and is read whole).
 CHUNK_BYTES = 1 << 24
 _BLANK_LINE_BYTES = re.compile(rb"\n[ \t\r\f\v]*\n")
+_LINE_BREAK_BYTES = re.compile(rb"\n")
 
 # One tokenizer per worker process, loaded once by the pool initializer (module state only inside workers).
 _WORKER: dict[str, Any] = {}
@@ -206,8 +228,10 @@ def _process_jobs(jobs: list[_Job]) -> list[_FileResult]:
     return [_process_job(job) for job in jobs]
 
 
-def _cut_points(path: Path, size: int, chunk: int) -> list[int]:
-    """Byte offsets that cut a file into pieces of about ``chunk`` bytes, each just after a blank line."""
+def _cut_points(path: Path, size: int, chunk: int, *, blank: bool = True) -> list[int]:
+    """Byte offsets that cut a file into pieces of about ``chunk`` bytes, each just after a blank line (``blank``:
+    a lines-format file's document boundary) or any line break (a texts-format file: every line is a document)."""
+    boundary = _BLANK_LINE_BYTES if blank else _LINE_BREAK_BYTES
     points = [0]
     window = 1 << 20
     with open(path, "rb") as f:
@@ -215,7 +239,7 @@ def _cut_points(path: Path, size: int, chunk: int) -> list[int]:
         while pos < size:
             f.seek(pos)
             buf = f.read(window)
-            m = _BLANK_LINE_BYTES.search(buf)
+            m = boundary.search(buf)
             if m is None:
                 if len(buf) < window:
                     break  # no blank line left: the rest is one piece
@@ -248,8 +272,8 @@ def _file_jobs(index: int, path: Path, input_format: str, chunk: int) -> list[_J
         fmt = detect_format(decode_utf8(head)[0])
     if fmt == "documents":
         return [(index, str(path), 0, -1, "documents")]
-    points = _cut_points(path, size, chunk)
-    return [(index, str(path), a, b, "lines") for a, b in zip(points[:-1], points[1:], strict=True)]
+    points = _cut_points(path, size, chunk, blank=fmt == "lines")
+    return [(index, str(path), a, b, fmt) for a, b in zip(points[:-1], points[1:], strict=True)]
 
 
 def _tasks(files: list[Path], input_format: str, chunk: int, max_files: int = 64) -> Iterator[list[_Job]]:
@@ -466,9 +490,8 @@ def _prepare_into(out_dir: Path, tokenizer: WordPieceTokenizer, tokenizer_dir: P
     log.info("read %s; %s", chosen, how)
     for path, n in one_document[:3]:
         log.warning("%s: read as lines (one sentence per line) with no blank line between documents, so its %d "
-                    "lines are one document. If each line is a text of its own (tweets, questions, reviews), put a "
-                    "blank line after each; sentence-pair objectives (NSP, SOP) pair sentences within a document",
-                    path, n)
+                    "lines are one document. If each line is a text of its own (tweets, questions, reviews), prepare "
+                    "it with --format texts (what --format auto chooses for such a file)", path, n)
     dropped_sentences, dropped_documents = totals["dropped_sentences"], totals["dropped_documents"]
     total_bytes = totals["bytes"]
     if not writer.shards:
