@@ -235,3 +235,39 @@ def test_predict_reads_a_transformers_classifier_folder(tmp_path: Path, tiny_enc
     rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
     assert [r["text"] for r in rows] == ["the cat sat", "a dog ran far away"]
     assert all(set(r["probabilities"]) == set(LABELS["ForSequenceClassification"]) for r in rows)
+
+
+def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp_path: Path, bbc_dir: Path) -> None:
+    # transformers 5 saves a fast tokenizer as tokenizer.json alone: lmforge reads its byte-level BPE, encodes
+    # held-out text to the same ids and predicts the same probabilities as transformers, end to end
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:150]]
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train(files, trainers.BpeTrainer(vocab_size=700, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                             pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast.save_pretrained(tmp_path / "hf")
+    config = family_config("roberta", **labelled("ForSequenceClassification"))
+    config.vocab_size, config.max_position_embeddings = len(fast), 66
+    hf = hf_model("RobertaForSequenceClassification", config, seed=10)
+    hf.save_pretrained(tmp_path / "hf")
+    assert not (tmp_path / "hf" / "vocab.json").exists()
+    held_out = [p.read_text(encoding="utf-8").splitlines()[0] for p in sorted((bbc_dir / "tech").glob("*.txt"))[:6]]
+    loaded = load_pretrained(tmp_path / "hf")
+    for text in held_out:
+        assert [0, *loaded.tokenizer.encode_ids(text), 2] == fast(text)["input_ids"]
+    (tmp_path / "in.txt").write_text("\n".join(held_out) + "\n", encoding="utf-8")
+    assert main(["-q", "predict", "--model", str(tmp_path / "hf"), "--input", str(tmp_path / "in.txt"),
+                 "--out", str(tmp_path / "pred.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        for text, row in zip(held_out, rows, strict=True):
+            probs = torch.softmax(hf(**fast(text, return_tensors="pt")).logits, -1)[0]
+            ours = torch.tensor([row["probabilities"][label] for label in LABELS["ForSequenceClassification"]])
+            close(ours, probs)
