@@ -262,6 +262,15 @@ def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp
     loaded = load_pretrained(tmp_path / "hf")
     for text in held_out:
         assert [0, *loaded.tokenizer.encode_ids(text), 2] == fast(text)["input_ids"]
+    # called as transformers' tokenizers are: RoBERTa's template for texts and pairs, padding, tensors
+    assert loaded.tokenizer(held_out[:2], held_out[2:4])["input_ids"] == fast(held_out[:2], held_out[2:4])["input_ids"]
+    batch = loaded.tokenizer(held_out, padding=True, return_tensors="pt")
+    reference = fast(held_out, padding=True, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], reference["input_ids"])
+    assert torch.equal(batch["attention_mask"], reference["attention_mask"])
+    (tmp_path / "lines.txt").write_text("\n".join(held_out) + "\n", encoding="utf-8")
+    assert main(["-q", "embed", "--model", str(tmp_path / "hf"), "--input", str(tmp_path / "lines.txt"),
+                 "--out", str(tmp_path / "vectors.npy")]) == 0
     (tmp_path / "in.txt").write_text("\n".join(held_out) + "\n", encoding="utf-8")
     assert main(["-q", "predict", "--model", str(tmp_path / "hf"), "--input", str(tmp_path / "in.txt"),
                  "--out", str(tmp_path / "pred.jsonl")]) == 0

@@ -393,3 +393,19 @@ def test_load_pretrained_refuses_more_tokens_than_embeddings(bpe_dir, tmp_path, 
 
     with pytest.raises(InputFileError, match=r"vocab.json: .* tokens, but the model's embeddings have 300 rows"):
         load_pretrained(_gpt2_folder(tmp_path, bpe_dir, 300))
+
+
+def test_called_like_transformers_gpt2_tokenizer(tok, bpe_dir):
+    # GPT-2's tokenizer adds no tokens: a pair is the two texts one after the other; padding with the pad id
+    transformers = pytest.importorskip("transformers", reason="transformers is the parity reference (dev extra)")
+    torch = pytest.importorskip("torch")
+    ref = transformers.GPT2TokenizerFast.from_pretrained(bpe_dir)
+    ref.pad_token = ref.eos_token
+    texts, pairs = ["Hello world, again.", "A much longer second text, with commas."], ["Yes.", "No, it is not."]
+    assert tok(texts, pairs)["input_ids"] == ref(texts, pairs)["input_ids"]
+    ours, theirs = tok(texts, padding=True, return_tensors="pt"), ref(texts, padding=True, return_tensors="pt")
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["attention_mask"], theirs["attention_mask"])
+    assert not tok.wraps_texts and tok.mask_id is None
+    with pytest.raises(LmforgeError, match="offsets and word ids"):
+        tok("Hello world", return_offsets=True)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.tokenizers.wordpiece import _as_list, _as_rows
+from lmforge.tokenizers.wordpiece import ModelInputs, _as_list, _as_rows
 from lmforge.utils.io import atomic_write_text, check_can_write
 
 VOCAB_NAME = "vocab.json"
@@ -119,7 +119,7 @@ def pretokenize_pattern() -> re.Pattern[str]:
         rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{W}{L}{N}]+|[{W}]+(?![^{W}])|[{W}]+")
 
 
-class ByteLevelBPETokenizer:
+class ByteLevelBPETokenizer(ModelInputs):
     """GPT-2's tokenizer (Radford et al., 2019): added tokens cut out, GPT-2's pre-tokenisation, byte characters,
     then ranked merges (see the module docstring).
 
@@ -135,15 +135,21 @@ class ByteLevelBPETokenizer:
             ``decode(..., skip_special_tokens=True)``; the role tokens above are always among them.
         added_tokens: tokens never split but kept by ``decode`` (Hugging Face's non-special added tokens).
         model_max_length: the longest input the model takes (GPT-2: 1024), recorded in the saved config.
+        mask_token: the masked-LM token (RoBERTa's ``<mask>``), or None (GPT-2 has none).
+
+    Called as ``tokenizer(texts, pairs, padding=True, return_tensors="pt")`` (``ModelInputs``) it adds what the
+    vocabulary's model adds: nothing for GPT-2 (a pair is the two texts one after the other), RoBERTa's
+    ``<s> A </s>`` and ``<s> A </s></s> B </s>`` when a start token other than the end token is set.
     """
 
     lowercase = False  # byte-level BPE keeps the text as it is
     unk_id = None  # every byte has a token: nothing is unknown
+    padding_side = "right"
 
     def __init__(self, vocab: dict[str, int], merges: Sequence[tuple[str, str]], *,
                  eos_token: str | None = ENDOFTEXT, bos_token: str | None = None, pad_token: str | None = None,
                  special_tokens: Sequence[str] = (), added_tokens: Sequence[str] = (),
-                 model_max_length: int = 1024) -> None:
+                 model_max_length: int = 1024, mask_token: str | None = None) -> None:
         if not vocab:
             raise LmforgeError("the vocabulary is empty")
         self.vocab: dict[str, int] = dict(vocab)
@@ -165,7 +171,8 @@ class ByteLevelBPETokenizer:
         self.eos_token = eos_token
         self.bos_token = bos_token
         self.pad_token = pad_token
-        roles = {"eos_token": eos_token, "bos_token": bos_token, "pad_token": pad_token}
+        self.mask_token = mask_token
+        roles = {"eos_token": eos_token, "bos_token": bos_token, "pad_token": pad_token, "mask_token": mask_token}
         for role, token in roles.items():
             if token is not None and token not in self.vocab:
                 raise LmforgeError(f"{role}={token!r} is not in the vocabulary; name a token of vocab.json, or "
@@ -173,10 +180,11 @@ class ByteLevelBPETokenizer:
         self.eos_id = None if eos_token is None else self.vocab[eos_token]
         self.bos_id = self.eos_id if bos_token is None else self.vocab[bos_token]
         self.pad_id = self.eos_id if pad_token is None else self.vocab[pad_token]
+        self.mask_id = None if mask_token is None else self.vocab[mask_token]
         self.model_max_length = model_max_length
         self.special_tokens: list[str] = []
         self.added_tokens: list[str] = []  # special or not: every token kept whole, in the order added
-        self._register([t for t in (eos_token, bos_token, pad_token) if t is not None], special=True)
+        self._register([t for t in (eos_token, bos_token, pad_token, mask_token) if t is not None], special=True)
         self._register(list(special_tokens), special=True)
         self._register(list(added_tokens), special=False)
         self._cache: dict[str, tuple[int, ...]] = {}  # raw word -> ids
@@ -332,6 +340,27 @@ class ByteLevelBPETokenizer:
                                f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
                                "fix the text's decoding") from None
 
+    def encode_text(self, text: str) -> Any:
+        raise LmforgeError("character offsets and word ids of byte-level BPE tokens are not supported yet (a byte "
+                           "token may hold part of a character); token-level tasks need a WordPiece tokenizer")
+
+    @property
+    def wraps_texts(self) -> bool:
+        """RoBERTa's template (a start token other than the end token): ``<s> A </s>``; else GPT-2's: none."""
+        return self.bos_token is not None and self.eos_token is not None and self.bos_token != self.eos_token
+
+    def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
+        if return_offsets or return_word_ids:
+            self.encode_text("")
+        ids = list(a[0])
+        if self.wraps_texts:
+            ids = [self.bos_id, *ids, self.eos_id]
+            if b is not None:
+                ids += [self.eos_id, *b[0], self.eos_id]
+        elif b is not None:
+            ids += b[0]
+        return {"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)}
+
     def tokenize(self, text: str) -> list[str]:
         """The tokens of ``text`` as strings (byte characters: a leading space shows as ``Ġ``)."""
         return [self.ids_to_tokens[i] for i in self.encode_ids(text)]
@@ -397,12 +426,13 @@ class ByteLevelBPETokenizer:
     def config(self) -> dict[str, Any]:
         """Settings in the layout of a Hugging Face GPT-2 ``tokenizer_config.json`` (readable by both)."""
         return {
-            "tokenizer_class": "GPT2Tokenizer",
+            "tokenizer_class": "RobertaTokenizer" if self.wraps_texts else "GPT2Tokenizer",
             "add_prefix_space": False,
             "add_bos_token": False,
             "eos_token": self.eos_token,
             "bos_token": self.bos_token if self.bos_token is not None else self.eos_token,
             "pad_token": self.pad_token,
+            **({"mask_token": self.mask_token} if self.mask_token is not None else {}),
             "model_max_length": self.model_max_length,
             "errors": "replace",
             "clean_up_tokenization_spaces": False,
@@ -477,7 +507,7 @@ class ByteLevelBPETokenizer:
             raise InputFileError(f"{directory / CONFIG_NAME}: add_prefix_space is true; lmforge's byte-level BPE "
                                  "encodes texts as they are (GPT-2's add_prefix_space=false); set it to false")
         kwargs: dict[str, Any] = {}
-        for role in ("eos_token", "bos_token", "pad_token"):
+        for role in ("eos_token", "bos_token", "pad_token", "mask_token"):
             for source, path in ((config, directory / CONFIG_NAME), (special_map, directory / SPECIAL_MAP_NAME)):
                 if role in source:
                     kwargs[role] = _token_value(source[role], path, role)

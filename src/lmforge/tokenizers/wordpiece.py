@@ -65,7 +65,106 @@ class BatchEncoding(dict):
     truncated_tokens: list[int] = []  # noqa: RUF012 - replaced per instance
 
 
-class WordPieceTokenizer:
+class ModelInputs:
+    """Model inputs from any lmforge tokenizer: ``tokenizer(texts, pairs, padding=..., truncation=...,
+    return_tensors="pt")`` as Hugging Face's tokenizers are called. A tokenizer class supplies ``encode_ids`` (and
+    ``encode_text`` for offsets and word ids), ``_assemble`` (its template: where the special tokens go),
+    ``pad_id``, ``padding_side`` and ``model_max_length``."""
+
+    def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
+                 max_length: int | None = None, truncation: bool | str = False,
+                 padding: bool | str = False, return_offsets: bool = False, return_word_ids: bool = False,
+                 return_tensors: str | None = None) -> Encoding | BatchEncoding:
+        """Encode a text or a pair of texts, or a batch (a list) of them, into model inputs.
+
+        Args:
+            text: one text, or a list of texts.
+            text_pair: the second segment (or a list of them), for sentence-pair tasks.
+            max_length: the length limit of truncation and of ``padding="max_length"`` (in tokens, with the
+                special tokens). Defaults to ``model_max_length`` when truncating.
+            truncation: ``False``; ``True`` or ``"longest_first"`` (cut the longer text of a pair first);
+                ``"only_first"``; ``"only_second"``. Truncation is counted in the result and logged.
+            padding: ``False``; ``True`` or ``"longest"`` (to the longest in the batch); ``"max_length"``.
+            return_offsets: add ``offsets``, character spans in the input text.
+            return_word_ids: add ``word_ids``.
+            return_tensors: ``None`` (lists), ``"pt"`` (torch) or ``"np"`` (numpy); needs equal lengths.
+
+        Returns:
+            An ``Encoding`` for one input, a ``BatchEncoding`` for a list.
+        """
+        if isinstance(text, str):
+            if text_pair is not None and not isinstance(text_pair, str):
+                raise LmforgeError("text is one string but text_pair is not; pass both as strings or lists")
+            batch = self._encode_batch([text], None if text_pair is None else [text_pair], max_length,
+                                       truncation, padding, return_offsets, return_word_ids,
+                                       return_tensors, single=True)
+            enc = Encoding({k: v[0] for k, v in batch.items()})
+            enc.num_truncated_tokens = batch.truncated_tokens[0]
+            return enc
+        texts = list(text)
+        pairs = None if text_pair is None else list(text_pair)
+        if pairs is not None and len(pairs) != len(texts):
+            raise LmforgeError(f"got {len(texts)} texts but {len(pairs)} text pairs; pass one pair per text")
+        return self._encode_batch(texts, pairs, max_length, truncation, padding, return_offsets,
+                                  return_word_ids, return_tensors, single=False)
+
+    encode = __call__
+
+    def _encode_batch(self, texts, pairs, max_length, truncation, padding, return_offsets,
+                      return_word_ids, return_tensors, single):
+        strategy = _truncation_strategy(truncation)
+        pad = _padding_strategy(padding)
+        if strategy and max_length is None:
+            max_length = self.model_max_length
+        if pad == "max_length" and max_length is None:
+            raise LmforgeError("padding='max_length' needs max_length=N")
+        if max_length is not None and max_length < 1:
+            raise LmforgeError(f"max_length must be >= 1, got {max_length}")
+        want_details = return_offsets or return_word_ids
+        rows: list[dict[str, list]] = []
+        truncated_tokens: list[int] = []
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise LmforgeError(f"text {i} is {type(t).__name__}, not a string")
+            b = None if pairs is None else pairs[i]
+            if b is not None and not isinstance(b, str):
+                raise LmforgeError(f"text pair {i} is {type(b).__name__}, not a string")
+            a_enc = self.encode_text(t) if want_details else (self.encode_ids(t), None, None)
+            b_enc = None
+            if b is not None:
+                b_enc = self.encode_text(b) if want_details else (self.encode_ids(b), None, None)
+            removed = 0
+            if strategy:
+                a_enc, b_enc, removed = _truncate(a_enc, b_enc, max_length, strategy)
+            truncated_tokens.append(removed)
+            rows.append(self._assemble(a_enc, b_enc, return_offsets, return_word_ids))
+        n_trunc = sum(1 for r in truncated_tokens if r)
+        if n_trunc:
+            what = "the input was" if single else f"{n_trunc} of {len(texts)} inputs were"
+            log.warning("%s truncated to max_length=%d (%d tokens removed)", what, max_length,
+                        sum(truncated_tokens))
+        if pad:
+            target = max_length if pad == "max_length" else max(len(r["input_ids"]) for r in rows)
+            for r in rows:
+                self._pad(r, target)
+        out = BatchEncoding({k: [r[k] for r in rows] for k in (rows[0] if rows else ())})
+        out.num_truncated = n_trunc
+        out.truncated_tokens = truncated_tokens
+        if return_tensors is not None:
+            out = _to_tensors(out, return_tensors)
+        return out
+
+    def _pad(self, row: dict[str, list], target: int) -> None:
+        n = target - len(row["input_ids"])
+        if n <= 0:
+            return
+        fill = {"input_ids": self.pad_id, "token_type_ids": 0, "attention_mask": 0, "offsets": (0, 0),
+                "word_ids": None}
+        for k, v in row.items():
+            row[k] = v + [fill[k]] * n if self.padding_side == "right" else [fill[k]] * n + v
+
+
+class WordPieceTokenizer(ModelInputs):
     """BERT's tokenizer: basic pre-tokenization, then greedy longest-match-first WordPiece.
 
     Args:
@@ -248,90 +347,6 @@ class WordPieceTokenizer:
         """The pieces of ``text`` as strings (no special tokens added)."""
         return [self.ids_to_tokens[i] for i in self.encode_ids(text)]
 
-    # ------------------------------------------------------------------ model inputs
-    def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
-                 max_length: int | None = None, truncation: bool | str = False,
-                 padding: bool | str = False, return_offsets: bool = False, return_word_ids: bool = False,
-                 return_tensors: str | None = None) -> Encoding | BatchEncoding:
-        """Encode a text or a pair of texts, or a batch (a list) of them, into model inputs.
-
-        Args:
-            text: one text, or a list of texts.
-            text_pair: the second segment (or a list of them), for sentence-pair tasks.
-            max_length: the length limit of truncation and of ``padding="max_length"`` (in tokens, with the
-                special tokens). Defaults to ``model_max_length`` when truncating.
-            truncation: ``False``; ``True`` or ``"longest_first"`` (cut the longer text of a pair first);
-                ``"only_first"``; ``"only_second"``. Truncation is counted in the result and logged.
-            padding: ``False``; ``True`` or ``"longest"`` (to the longest in the batch); ``"max_length"``.
-            return_offsets: add ``offsets``, character spans in the input text.
-            return_word_ids: add ``word_ids``.
-            return_tensors: ``None`` (lists), ``"pt"`` (torch) or ``"np"`` (numpy); needs equal lengths.
-
-        Returns:
-            An ``Encoding`` for one input, a ``BatchEncoding`` for a list.
-        """
-        if isinstance(text, str):
-            if text_pair is not None and not isinstance(text_pair, str):
-                raise LmforgeError("text is one string but text_pair is not; pass both as strings or lists")
-            batch = self._encode_batch([text], None if text_pair is None else [text_pair], max_length,
-                                       truncation, padding, return_offsets, return_word_ids,
-                                       return_tensors, single=True)
-            enc = Encoding({k: v[0] for k, v in batch.items()})
-            enc.num_truncated_tokens = batch.truncated_tokens[0]
-            return enc
-        texts = list(text)
-        pairs = None if text_pair is None else list(text_pair)
-        if pairs is not None and len(pairs) != len(texts):
-            raise LmforgeError(f"got {len(texts)} texts but {len(pairs)} text pairs; pass one pair per text")
-        return self._encode_batch(texts, pairs, max_length, truncation, padding, return_offsets,
-                                  return_word_ids, return_tensors, single=False)
-
-    encode = __call__
-
-    def _encode_batch(self, texts, pairs, max_length, truncation, padding, return_offsets,
-                      return_word_ids, return_tensors, single):
-        strategy = _truncation_strategy(truncation)
-        pad = _padding_strategy(padding)
-        if strategy and max_length is None:
-            max_length = self.model_max_length
-        if pad == "max_length" and max_length is None:
-            raise LmforgeError("padding='max_length' needs max_length=N")
-        if max_length is not None and max_length < 1:
-            raise LmforgeError(f"max_length must be >= 1, got {max_length}")
-        want_details = return_offsets or return_word_ids
-        rows: list[dict[str, list]] = []
-        truncated_tokens: list[int] = []
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise LmforgeError(f"text {i} is {type(t).__name__}, not a string")
-            b = None if pairs is None else pairs[i]
-            if b is not None and not isinstance(b, str):
-                raise LmforgeError(f"text pair {i} is {type(b).__name__}, not a string")
-            a_enc = self.encode_text(t) if want_details else (self.encode_ids(t), None, None)
-            b_enc = None
-            if b is not None:
-                b_enc = self.encode_text(b) if want_details else (self.encode_ids(b), None, None)
-            removed = 0
-            if strategy:
-                a_enc, b_enc, removed = _truncate(a_enc, b_enc, max_length, strategy)
-            truncated_tokens.append(removed)
-            rows.append(self._assemble(a_enc, b_enc, return_offsets, return_word_ids))
-        n_trunc = sum(1 for r in truncated_tokens if r)
-        if n_trunc:
-            what = "the input was" if single else f"{n_trunc} of {len(texts)} inputs were"
-            log.warning("%s truncated to max_length=%d (%d tokens removed)", what, max_length,
-                        sum(truncated_tokens))
-        if pad:
-            target = max_length if pad == "max_length" else max(len(r["input_ids"]) for r in rows)
-            for r in rows:
-                self._pad(r, target)
-        out = BatchEncoding({k: [r[k] for r in rows] for k in (rows[0] if rows else ())})
-        out.num_truncated = n_trunc
-        out.truncated_tokens = truncated_tokens
-        if return_tensors is not None:
-            out = _to_tensors(out, return_tensors)
-        return out
-
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
         a_ids, a_offs, a_words = a
         ids = [self.cls_id, *a_ids, self.sep_id]
@@ -351,15 +366,6 @@ class WordPieceTokenizer:
                 words += [*b[2], None]
             row["word_ids"] = words
         return row
-
-    def _pad(self, row: dict[str, list], target: int) -> None:
-        n = target - len(row["input_ids"])
-        if n <= 0:
-            return
-        fill = {"input_ids": self.pad_id, "token_type_ids": 0, "attention_mask": 0, "offsets": (0, 0),
-                "word_ids": None}
-        for k, v in row.items():
-            row[k] = v + [fill[k]] * n if self.padding_side == "right" else [fill[k]] * n + v
 
     # ------------------------------------------------------------------ decoding
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
