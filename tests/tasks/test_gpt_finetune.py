@@ -254,3 +254,26 @@ def test_choice_reader_errors(tmp_path):
         read("text,label\na,0\n", ".csv")
     rows = read("text,choices0,choices1,choices2,label\nctx,x,y,,y\nctx2,p,q,r,2\n", ".csv")
     assert [(r.choices, r.label) for r in rows] == [(("x", "y"), 1), (("p", "q", "r"), 2)]
+
+
+def test_a_fine_tuned_gpt_classifier_exports_as_gpt2_for_sequence_classification(gpt_dir, tmp_path, capsys):
+    # GPT-1's classifier has no bias (eq. 3: softmax(h W_y)), which is GPT2ForSequenceClassification's `score`
+    transformers = pytest.importorskip("transformers", reason="transformers is the export's reader (dev extra)")
+    train, dev = write_task_data(tmp_path, "sequence", n_train=16, n_dev=8)
+    out = tmp_path / "run"
+    assert main(["-q", "finetune", "--task", "sequence", "--model", str(gpt_dir), "--train", str(train), "--dev",
+                 str(dev), "--out", str(out), "--epochs", "1", "--batch-size", "8", "--max-length", "32"]) == 0
+    loaded = load_pretrained(out)
+    assert loaded.head["bias"] is False and loaded.model.head.classifier.bias is None
+    capsys.readouterr()
+    assert main(["convert", "--to-hf", str(out), "--out", str(tmp_path / "hf")]) == 0
+    assert "GPT-1's input layout" in capsys.readouterr().err
+    hf = transformers.GPT2ForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    task = make_task(resolve_task_inputs(TaskConfig(**loaded.head["task"]), loaded.config))
+    rows = [f["windows"][0] for f in task.featurize(task.read(str(dev)), loaded.tokenizer, training=False)]
+    with torch.no_grad():
+        for row in rows[:4]:
+            ids = torch.tensor([row])
+            torch.testing.assert_close(loaded.model(ids, torch.ones_like(ids)).logits, hf(ids).logits,
+                                       rtol=1e-4, atol=1e-5)
+    assert hf.config.id2label == dict(enumerate(loaded.head["labels"]))

@@ -264,4 +264,9 @@ def _export_task(loaded, state: dict[str, Tensor], layout: str) -> HfExport:
     hf_config, hf_state = _body_to_hf(layout, enc, config, keep_pooler=task.keep_pooler)
     hf_config = {**hf_config, "architectures": [task.architecture], **task.config}
     files = {hf_tasks.CRF_FILE: task.crf} if task.crf is not None else {}
-    return HfExport(hf_config, {**hf_state, **task.tensors}, files)
+    notes = []
+    if (loaded.head.get("task") or {}).get("input_format") == "gpt":
+        notes.append("the model was fine-tuned with GPT-1's input layout ([START] text [EXTRACT], pairs with "
+                     "[DELIM]; the tokens are in the exported vocabulary): give transformers its inputs in that layout "
+                     "(lmforge predict does)")
+    return HfExport(hf_config, {**hf_state, **task.tensors}, files, notes)
