@@ -95,3 +95,25 @@ def test_xlnet_fine_tunes_for_every_task_and_evaluates_as_saved(xlnet_dir, task,
     capsys.readouterr()
     assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert json.loads(capsys.readouterr().out)[METRIC[task]] == pytest.approx(recorded, abs=1e-9)
+
+
+def test_an_xlnet_classifier_has_xlnets_summary_and_exports_as_xlnet_for_sequence_classification(xlnet_dir, tmp_path):
+    # XLNet classifies a tanh projection of its last token (its released code's summary, Hugging Face's
+    # sequence_summary): new heads get it, and the model then exports to transformers with equal logits
+    transformers = pytest.importorskip("transformers", reason="transformers is the export's reader (dev extra)")
+    import torch
+
+    from lmforge.persistence import load_pretrained
+
+    train, dev = write_task_data(tmp_path, "sequence", n_train=16, n_dev=8)
+    out = tmp_path / "run"
+    assert main(["-q", "finetune", "--task", "sequence", "--model", str(xlnet_dir), "--train", str(train), "--dev",
+                 str(dev), "--out", str(out), "--epochs", "1", "--batch-size", "8", "--max-length", "32"]) == 0
+    loaded = load_pretrained(out)
+    assert loaded.head["hidden"] == "tanh" and loaded.model.head.dense is not None
+    assert main(["-q", "convert", "--to-hf", str(out), "--out", str(tmp_path / "hf")]) == 0
+    hf = transformers.XLNetForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.tensor([loaded.tokenizer.encode("the cat sat on the mat")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids, torch.ones_like(ids)).logits, hf(ids).logits,
+                                   rtol=1e-4, atol=1e-5)

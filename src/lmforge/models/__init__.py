@@ -131,6 +131,10 @@ class Architecture:
             BiLSTM); None: heads go on the backbone itself.
         concat_pooling: ``pooled_output`` is ULMFiT's concat pooling [h_T; maxpool; meanpool] (B, 3D; the backbone's
             ``pooled_dim``), and the sequence head is ULMFiT's two batch-normed linear blocks (Howard & Ruder 2018).
+        summary_activation: new sequence and multiple-choice heads put a dense layer with this activation over
+            ``pooled_output`` (the heads' ``hidden=``): XLNet's sequence summary, a tanh projection of the last
+            token (XLNet's released classifier and Hugging Face's ``XLNetForSequenceClassification``); None: the
+            classifier reads ``pooled_output`` itself.
     """
 
     name: str
@@ -153,6 +157,7 @@ class Architecture:
     reads_characters: bool = False
     finetune_as: str | None = None
     concat_pooling: bool = False
+    summary_activation: str | None = None
 
     def load(self) -> type:
         """The model class (its module is imported now)."""
@@ -213,7 +218,7 @@ _REGISTRY: dict[str, Architecture] = {a.name: a for a in (
     Architecture("xlnet", "lmforge.models.xlnet", "XLNet",
                  "XLNet permutation language model (relative positions, memory, two-stream attention)",
                  presets="xlnet-*", encodes_text=True, has_pooled_output=True, generates=True, is_causal_lm=True,
-                 returns_attention=True, uses_init_std=True, hf_export="xlnet"),
+                 returns_attention=True, uses_init_std=True, hf_export="xlnet", summary_activation="tanh"),
 )}
 
 

@@ -307,8 +307,11 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
         run.train = from_dict(TrainConfig, {**to_dict(run.train), **changes})
     hint = _ZeroMetricHint(run, task, per_epoch)  # read by the evaluator
     head_spec = task.head_spec()
-    if head_spec["type"] == "sequence_classification" and architecture(config.arch).gpt_inputs:
+    family = architecture(config.arch)
+    if head_spec["type"] == "sequence_classification" and family.gpt_inputs:
         head_spec["bias"] = False  # GPT-1 (Radford et al. 2018, eq. 3): P(y | x) = softmax(h W_y), no bias
+    if head_spec["type"] in ("sequence_classification", "multiple_choice") and family.summary_activation:
+        head_spec["hidden"] = family.summary_activation  # XLNet's sequence summary
     torch.manual_seed(run.train.seed)  # the head's initialisation is part of the run's seed
     model = TaskModel(backbone, build_head(head_spec, config, backbone))
     if run.task.reinit_layers:  # Zhang et al. 2021: fresh top layers for a briefly or differently pretrained encoder
