@@ -67,9 +67,10 @@ def test_a_model_folder_with_tokenizer_json_only_keeps_its_tokenizer(minilm_dir,
 
 
 def test_a_model_lmforge_cannot_read_is_refused_by_name(tmp_path):
-    unigram = hf_tokenizers.Tokenizer(hf_tokenizers.models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
-    unigram.save(str(tmp_path / "tokenizer.json"))
-    with pytest.raises(InputFileError, match="a Unigram tokenizer model, which lmforge cannot read yet"):
+    # Unigram is read since issue 37 (tests/tokenizers/test_unigram_json.py); a word-level model is not
+    word_level = hf_tokenizers.Tokenizer(hf_tokenizers.models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    word_level.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(InputFileError, match="a WordLevel tokenizer model, which lmforge cannot read yet"):
         from_tokenizer_json(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(InputFileError, match="cannot read it as JSON"):

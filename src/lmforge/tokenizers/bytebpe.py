@@ -349,6 +349,10 @@ class ByteLevelBPETokenizer(ModelInputs):
         """RoBERTa's template (a start token other than the end token): ``<s> A </s>``; else GPT-2's: none."""
         return self.bos_token is not None and self.eos_token is not None and self.bos_token != self.eos_token
 
+    def num_special_tokens(self, pair: bool = False) -> int:
+        """RoBERTa's template adds 2 (4 for a pair), GPT-2's none."""
+        return (4 if pair else 2) if self.wraps_texts else 0
+
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
         if return_offsets or return_word_ids:
             self.encode_text("")

@@ -6,10 +6,12 @@ Read without the ``tokenizers`` package:
   word, with the ``BertNormalizer``'s flags (lower-casing, accent stripping, CJK characters) and the added special
   tokens, as ``WordPieceTokenizer``;
 * byte-level ``BPE`` models (GPT-2, RoBERTa): the vocabulary and the ranked merges (either JSON spelling: ``"a b"``
-  strings or ``["a", "b"]`` pairs) and the added tokens, as ``ByteLevelBPETokenizer``.
+  strings or ``["a", "b"]`` pairs) and the added tokens, as ``ByteLevelBPETokenizer``;
+* SentencePiece ``Unigram`` models (ALBERT, XLNet, T5), with their normaliser, Metaspace pre-tokenizer and template,
+  as ``UnigramTokenizer`` (``lmforge.tokenizers.unigram``).
 
-Any other model (SentencePiece's ``Unigram``, a BPE without the byte-level pre-tokenizer) is refused with a message
-that names it: a tokenizer is never dropped or replaced without a word.
+Any other model (WordLevel, a BPE without the byte-level pre-tokenizer) is refused with a message that names it: a
+tokenizer is never dropped or replaced without a word.
 
 ``wordpiece_tokenizer_json`` writes the other way: the ``tokenizer.json`` of a ``WordPieceTokenizer``, in the layout
 ``transformers``' ``BertTokenizerFast`` saves (BERT's normaliser and pre-tokenizer, ``[CLS] A [SEP]`` and ``[CLS] A
@@ -138,9 +140,13 @@ def from_tokenizer_json(path: str | Path) -> Any:
         return _wordpiece(path, data)
     if kind == "BPE":
         return _byte_bpe(path, data)
+    if kind == "Unigram":
+        from lmforge.tokenizers.unigram import UnigramTokenizer
+
+        return UnigramTokenizer.from_pretrained(path)
     raise InputFileError(f"{path}: a {kind or 'untyped'} tokenizer model, which lmforge cannot read yet (it reads "
-                         "WordPiece and byte-level BPE); keep using it with the tokenizers package, or save the "
-                         "model's vocab.txt or vocab.json + merges.txt beside it")
+                         "WordPiece, byte-level BPE and Unigram); keep using it with the tokenizers package, or save "
+                         "the model's vocab.txt or vocab.json + merges.txt beside it")
 
 
 def wordpiece_tokenizer_json(tokenizer: Any) -> dict[str, Any]:

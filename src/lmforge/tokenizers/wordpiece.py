@@ -69,7 +69,9 @@ class ModelInputs:
     """Model inputs from any lmforge tokenizer: ``tokenizer(texts, pairs, padding=..., truncation=...,
     return_tensors="pt")`` as Hugging Face's tokenizers are called. A tokenizer class supplies ``encode_ids`` (and
     ``encode_text`` for offsets and word ids), ``_assemble`` (its template: where the special tokens go),
-    ``pad_id``, ``padding_side`` and ``model_max_length``."""
+    ``pad_id``, ``padding_side``, ``model_max_length`` and ``num_special_tokens`` (what its template adds)."""
+
+    pad_type_id = 0  # the segment id of padding (XLNet's files say 3)
 
     def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
                  max_length: int | None = None, truncation: bool | str = False,
@@ -118,6 +120,8 @@ class ModelInputs:
             max_length = self.model_max_length
         if pad == "max_length" and max_length is None:
             raise LmforgeError("padding='max_length' needs max_length=N")
+        if pad and self.pad_id is None:
+            raise LmforgeError("this tokenizer names no padding token; encode without padding")
         if max_length is not None and max_length < 1:
             raise LmforgeError(f"max_length must be >= 1, got {max_length}")
         want_details = return_offsets or return_word_ids
@@ -135,7 +139,8 @@ class ModelInputs:
                 b_enc = self.encode_text(b) if want_details else (self.encode_ids(b), None, None)
             removed = 0
             if strategy:
-                a_enc, b_enc, removed = _truncate(a_enc, b_enc, max_length, strategy)
+                a_enc, b_enc, removed = _truncate(a_enc, b_enc, max_length, strategy,
+                                                  self.num_special_tokens(b_enc is not None))
             truncated_tokens.append(removed)
             rows.append(self._assemble(a_enc, b_enc, return_offsets, return_word_ids))
         n_trunc = sum(1 for r in truncated_tokens if r)
@@ -158,8 +163,8 @@ class ModelInputs:
         n = target - len(row["input_ids"])
         if n <= 0:
             return
-        fill = {"input_ids": self.pad_id, "token_type_ids": 0, "attention_mask": 0, "offsets": (0, 0),
-                "word_ids": None}
+        fill = {"input_ids": self.pad_id, "token_type_ids": self.pad_type_id, "attention_mask": 0,
+                "offsets": (0, 0), "word_ids": None}
         for k, v in row.items():
             row[k] = v + [fill[k]] * n if self.padding_side == "right" else [fill[k]] * n + v
 
@@ -347,6 +352,10 @@ class WordPieceTokenizer(ModelInputs):
         """The pieces of ``text`` as strings (no special tokens added)."""
         return [self.ids_to_tokens[i] for i in self.encode_ids(text)]
 
+    def num_special_tokens(self, pair: bool = False) -> int:
+        """BERT's template: [CLS] A [SEP], and B [SEP] for a pair."""
+        return 3 if pair else 2
+
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
         a_ids, a_offs, a_words = a
         ids = [self.cls_id, *a_ids, self.sep_id]
@@ -531,18 +540,21 @@ def _cut(enc, n: int):
     return ids[:n], None if offs is None else offs[:n], None if words is None else words[:n]
 
 
-def _truncate(a, b, max_length: int, strategy: str):
-    """Cut the piece sequences so that, with special tokens, they fit ``max_length``.
+def _truncate(a, b, max_length: int, strategy: str, n_special: int | None = None):
+    """Cut the piece sequences so that, with ``n_special`` special tokens (BERT's 2, or 3 for a pair, by
+    default), they fit ``max_length``.
 
     ``longest_first`` gives the budget to the shorter text when it fits in half of it, otherwise cuts the
     shorter one to half (rounded down; on a tie the first text counts as the shorter) and gives the rest to
     the other. This is the rule of Hugging Face tokenizers, so the results agree token for token.
     """
     n1, n2 = len(a[0]), (len(b[0]) if b is not None else 0)
-    budget = max_length - (3 if b is not None else 2)
+    if n_special is None:
+        n_special = 3 if b is not None else 2
+    budget = max_length - n_special
     if budget < 0:
         raise LmforgeError(f"max_length={max_length} is shorter than the special tokens alone; "
-                           f"use at least {3 if b is not None else 2} plus room for the text")
+                           f"use at least {n_special} plus room for the text")
     if n1 + n2 <= budget:
         return a, b, 0
     if b is None:
