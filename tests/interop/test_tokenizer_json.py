@@ -105,3 +105,31 @@ def test_convert_to_hf_writes_tokenizer_json_that_transformers_loads(tmp_path):
     fast = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     ours = WordPieceTokenizer.from_pretrained(model)
     assert fast("alice went to paris")["input_ids"] == ours("alice went to paris")["input_ids"]
+
+
+def test_a_byte_level_bpe_is_written_as_tokenizer_json_that_encodes_as_ours(bbc_dir, tmp_path):
+    # GPT-2 exports (and RoBERTa ones with a byte-level BPE) carry tokenizer.json beside vocab.json + merges.txt
+    import json
+
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from lmforge.tokenizers import ByteLevelBPETokenizer
+    from lmforge.tokenizers.hf_json import byte_bpe_tokenizer_json
+
+    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:80]]
+    held_out = [p.read_text(encoding="utf-8") for p in sorted((bbc_dir / "tech").glob("*.txt"))[:3]]
+    for specials, bos in ((["<|endoftext|>"], None), (["<s>", "<pad>", "</s>", "<unk>", "<mask>"], "<s>")):
+        trained = hf_tokenizers.Tokenizer(models.BPE())
+        trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trained.decoder = decoders.ByteLevel()
+        trained.train(files, trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
+                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        trained.save(str(tmp_path / "source.json"))
+        ours = from_tokenizer_json(tmp_path / "source.json")
+        assert isinstance(ours, ByteLevelBPETokenizer) and ours.wraps_texts == (bos is not None)
+        (tmp_path / "tokenizer.json").write_text(json.dumps(byte_bpe_tokenizer_json(ours)), encoding="utf-8")
+        reference = hf_tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        for text in held_out:
+            assert reference.encode(text).ids == ours(text)["input_ids"]
+            assert reference.encode(text, held_out[0][:200]).ids == ours(text, held_out[0][:200])["input_ids"]
+        assert from_tokenizer_json(tmp_path / "tokenizer.json").ids_to_tokens == ours.ids_to_tokens

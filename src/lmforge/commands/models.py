@@ -168,13 +168,15 @@ def run_convert(args: argparse.Namespace) -> int:
         atomic_write_text(tmp / "config.json", json.dumps(exported.config, indent=2) + "\n")
         if loaded.tokenizer is not None:
             loaded.tokenizer.save_pretrained(tmp)
-            from lmforge.tokenizers import WordPieceTokenizer
+            from lmforge.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+            from lmforge.tokenizers.hf_json import TOKENIZER_JSON, byte_bpe_tokenizer_json, wordpiece_tokenizer_json
 
-            if isinstance(loaded.tokenizer, WordPieceTokenizer):  # what transformers 5 reads first
-                from lmforge.tokenizers.hf_json import TOKENIZER_JSON, wordpiece_tokenizer_json
-
+            # tokenizer.json, what transformers 5 reads first (a Unigram tokenizer wrote its own above)
+            write = {WordPieceTokenizer: wordpiece_tokenizer_json,
+                     ByteLevelBPETokenizer: byte_bpe_tokenizer_json}.get(type(loaded.tokenizer))
+            if write is not None:
                 atomic_write_text(tmp / TOKENIZER_JSON,
-                                  json.dumps(wordpiece_tokenizer_json(loaded.tokenizer), ensure_ascii=False) + "\n")
+                                  json.dumps(write(loaded.tokenizer), ensure_ascii=False) + "\n")
         else:
             exported.notes.append(f"{args.to_hf} has no tokenizer, so the export has none: copy the tokenizer files "
                                   "of the data it was trained on beside it")

@@ -116,8 +116,9 @@ def _byte_bpe(path: Path, data: dict[str, Any]) -> Any:
     eos = next((t for t in ("<|endoftext|>", "</s>") if t in special), None)
     bos = "<s>" if "<s>" in special else None
     pad = "<pad>" if "<pad>" in special else None
+    mask = "<mask>" if "<mask>" in special else None  # RoBERTa's
     try:
-        return ByteLevelBPETokenizer(vocab, pairs, eos_token=eos, bos_token=bos, pad_token=pad,
+        return ByteLevelBPETokenizer(vocab, pairs, eos_token=eos, bos_token=bos, pad_token=pad, mask_token=mask,
                                      special_tokens=special, added_tokens=other)
     except LmforgeError as err:
         raise InputFileError(f"{path}: {err}") from None
@@ -177,4 +178,33 @@ def wordpiece_tokenizer_json(tokenizer: Any) -> dict[str, Any]:
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
         "model": {"type": "WordPiece", "unk_token": tokenizer.unk_token, "continuing_subword_prefix": "##",
                   "max_input_chars_per_word": tokenizer.max_input_chars_per_word, "vocab": vocab},
+    }
+
+
+def byte_bpe_tokenizer_json(tokenizer: Any) -> dict[str, Any]:
+    """The ``tokenizer.json`` content of a ``ByteLevelBPETokenizer``: GPT-2's byte-level pre-tokenizer (no prefix
+    space), the BPE model with its merges in rank order, the added tokens, and RoBERTa's post-processor
+    (``<s> A </s></s> B </s>``) when the tokenizer wraps texts, else GPT-2's (none)."""
+    vocab = {tok: i for i, tok in enumerate(tokenizer.ids_to_tokens)}
+    added = [{"id": vocab[t], "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": t in tokenizer.special_tokens}
+             for t in sorted(tokenizer.added_tokens, key=vocab.__getitem__)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    if tokenizer.wraps_texts:
+        post = {"type": "RobertaProcessing", "sep": [tokenizer.eos_token, tokenizer.eos_id],
+                "cls": [tokenizer.bos_token, tokenizer.bos_id], "trim_offsets": True, "add_prefix_space": False}
+    else:
+        post = {**byte_level, "trim_offsets": False}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": post,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[a, b] for a, b in tokenizer.merges]},
     }
