@@ -111,10 +111,9 @@ def test_a_byte_level_bpe_is_written_as_tokenizer_json_that_encodes_as_ours(bbc_
     # GPT-2 exports (and RoBERTa ones with a byte-level BPE) carry tokenizer.json beside vocab.json + merges.txt
     import json
 
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
     from lmforge.tokenizers import ByteLevelBPETokenizer
     from lmforge.tokenizers.hf_json import byte_bpe_tokenizer_json
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:80]]
     held_out = [p.read_text(encoding="utf-8") for p in sorted((bbc_dir / "tech").glob("*.txt"))[:3]]

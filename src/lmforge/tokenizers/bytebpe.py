@@ -193,14 +193,6 @@ class ByteLevelBPETokenizer(ModelInputs):
 
     # ------------------------------------------------------------------ properties
     @property
-    def vocab_size(self) -> int:
-        """The number of ids, added tokens included (the embedding rows a model needs)."""
-        return len(self.ids_to_tokens)
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    @property
     def sep_id(self) -> int | None:
         """The end-of-document token under lmforge's name for it: a causal LM's prompt starts after it and
         generation stops at it (GPT-2's ``<|endoftext|>`` plays the part of lmforge's [SEP])."""

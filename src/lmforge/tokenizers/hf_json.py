@@ -33,6 +33,20 @@ _ROLES = {"unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "pad
           "mask_token": "[MASK]"}
 
 
+def tokenizer_json_path(path: str | Path) -> Path:
+    """``path`` itself, or the ``tokenizer.json`` of the folder ``path``.
+
+    Raises:
+        InputFileError: there is no such file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER_JSON
+    if not path.is_file():
+        raise InputFileError(f"{path}: no such file; pass a tokenizer.json or the folder holding one")
+    return path
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -130,11 +144,7 @@ def from_tokenizer_json(path: str | Path) -> Any:
     Raises:
         InputFileError: the file is missing or damaged, or holds a model lmforge cannot read (named).
     """
-    path = Path(path)
-    if path.is_dir():
-        path = path / TOKENIZER_JSON
-    if not path.is_file():
-        raise InputFileError(f"{path}: no such file")
+    path = tokenizer_json_path(path)
     data = _read(path)
     kind = data["model"].get("type")
     if kind == "WordPiece":

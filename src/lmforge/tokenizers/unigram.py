@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.tokenizers.hf_json import TOKENIZER_JSON, _read
+from lmforge.tokenizers.hf_json import TOKENIZER_JSON, _read, tokenizer_json_path
 from lmforge.tokenizers.wordpiece import ModelInputs, _as_list, _as_rows
 from lmforge.utils.io import atomic_write_bytes, check_can_write
 
@@ -717,13 +717,6 @@ class UnigramTokenizer(ModelInputs):
                                                           self.mask_token))
 
     # ------------------------------------------------------------------ properties
-    @property
-    def vocab_size(self) -> int:
-        return len(self.ids_to_tokens)
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
     def __repr__(self) -> str:
         return f"UnigramTokenizer(vocab_size={self.vocab_size}, special_tokens={self.special_tokens})"
 
@@ -969,11 +962,7 @@ class UnigramTokenizer(ModelInputs):
             InputFileError: the file is missing, damaged, not a Unigram model, or uses a part lmforge cannot
                 apply (named).
         """
-        path = Path(path)
-        if path.is_dir():
-            path = path / TOKENIZER_JSON
-        if not path.is_file():
-            raise InputFileError(f"{path}: no such file; pass a tokenizer.json or the folder holding one")
+        path = tokenizer_json_path(path)
         data = _read(path)
         kwargs: dict[str, Any] = {}
         config = path.parent / "tokenizer_config.json"

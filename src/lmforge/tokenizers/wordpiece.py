@@ -73,6 +73,14 @@ class ModelInputs:
 
     pad_type_id = 0  # the segment id of padding (XLNet's files say 3)
 
+    @property
+    def vocab_size(self) -> int:
+        """The number of ids, added tokens included (the embedding rows a model needs)."""
+        return len(self.ids_to_tokens)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
     def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None, *,
                  max_length: int | None = None, truncation: bool | str = False,
                  padding: bool | str = False, return_offsets: bool = False, return_word_ids: bool = False,
@@ -231,13 +239,6 @@ class WordPieceTokenizer(ModelInputs):
     @property
     def lowercase(self) -> bool:
         return self.basic.lowercase
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.ids_to_tokens)
-
-    def __len__(self) -> int:
-        return self.vocab_size
 
     def __repr__(self) -> str:
         return (f"WordPieceTokenizer(vocab_size={self.vocab_size}, lowercase={self.lowercase}, "
