@@ -263,7 +263,7 @@ def test_init_std_is_used_exactly_where_claimed(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hugging_face_export_exactly_where_claimed(name):
-    from lmforge.interop.export import export_to_hf
+    from lmforge.persistence.hf_export import export_to_hf
 
     layout = architecture(name).hf_export
     # The layouts' own constraints: GPT-2 is pre-LN, BERT post-LN.

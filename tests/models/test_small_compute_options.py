@@ -60,7 +60,7 @@ def test_what_cannot_express_them_refuses():
     assert ModelConfig(arch="xlnet", norm_first=True, **TINY).norm_first  # pre-LN: tests/models/test_xlnet_pre_ln.py
     with pytest.raises(LmforgeError, match="ffn='swish' is not one of mlp, gated"):
         ModelConfig(ffn="swish", **TINY)
-    from lmforge.interop.export import export_to_hf
+    from lmforge.persistence.hf_export import export_to_hf
     from lmforge.utils.model_folder import Loaded
 
     config = ModelConfig(arch="decoder", ffn="gated", **TINY)

@@ -248,7 +248,7 @@ def test_a_saved_pre_ln_folder_round_trips(tmp_path):
 
 def test_the_hugging_face_export_refuses_pre_ln_in_one_line(tmp_path):
     from lmforge.interop import hf_xlnet
-    from lmforge.interop.export import export_to_hf
+    from lmforge.persistence.hf_export import export_to_hf
 
     with pytest.raises(LmforgeError, match=r"Hugging Face XLNet: norm_first=True \(HF XLNet is post-LN\)") as err:
         hf_xlnet.config_to_hf(ModelConfig(arch="xlnet", norm_first=True))

@@ -193,7 +193,7 @@ def test_generation_reads_the_untied_head():
 ])
 def test_the_hugging_face_export_refuses_untied_and_bias_free_in_one_line(option, words, folder_words, tmp_path):
     from lmforge.interop import hf_xlnet
-    from lmforge.interop.export import export_to_hf
+    from lmforge.persistence.hf_export import export_to_hf
 
     with pytest.raises(LmforgeError, match=words) as err:
         hf_xlnet.config_to_hf(ModelConfig(arch="xlnet", **{option: False}))

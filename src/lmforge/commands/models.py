@@ -135,8 +135,8 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
 def run_convert(args: argparse.Namespace) -> int:
     from safetensors.torch import save
 
-    from lmforge.interop.export import export_model
     from lmforge.persistence import dedupe_tied, load_pretrained, read_config, save_pretrained
+    from lmforge.persistence.hf_export import export_model
 
     source = args.from_hf or args.to_hf
     if args.from_hf and args.hf_layout:
