@@ -22,7 +22,7 @@ def teacher(tmp_path_factory, bbc_dir):
     root = tmp_path_factory.mktemp("distill")
     corpus = root / "corpus"
     corpus.mkdir()
-    for topic in ("business", "sport"):
+    for topic in ("business", "sports"):
         for path in sorted((bbc_dir / topic).glob("*.txt"))[:10]:
             (corpus / f"{topic}-{path.name}").write_bytes(path.read_bytes())
     assert main(["tokenizer", "train", "--input", str(corpus), "--vocab-size", "500", "--out", str(root / "tok"),
@@ -88,6 +88,21 @@ def test_headless_teacher_uses_attention_relations(teacher, tmp_path, caplog, ca
     train = [r for r in records(out) if "loss" in r]
     assert all({"loss_cos", "loss_att", "loss_val"} <= set(r) and "loss_ce" not in r for r in train)
     assert load_pretrained(out).head is None  # a bare encoder: there was no MLM to train
+
+
+def test_a_student_with_other_heads_learns_minilm_v2_relations(teacher, tmp_path, caplog, capsys):
+    # MiniLM compares head by head; a 4-head student of a 2-head teacher gets MiniLMv2's Q-Q, K-K, V-V relations
+    out = tmp_path / "minilm-v2"
+    with caplog.at_level(logging.INFO, logger="lmforge"):
+        assert main(["distill", "--teacher", str(teacher / "headless"), "--student", "bert-tiny", "--input",
+                     str(teacher / "data"), "--out", str(out), "--max-steps", "2", "--batch-size", "4",
+                     "--seq-len", "32", "--model.n_layers=2", "--model.d_model=16", "--model.n_heads=4",
+                     "--model.d_ff=32", "--model.max_seq_len=32", "--relation-heads", "4", "--teacher-layer", "2",
+                     "--train.log_every=1"]) == 0, capsys.readouterr().err
+    assert "as MiniLMv2, its layer 2's query, key and value relations over 4 relation heads" in caplog.text
+    train = [r for r in records(out) if "loss" in r]
+    assert all("loss_rel" in r and "loss_att" not in r and "loss_val" not in r for r in train)
+    assert load_pretrained(out).config.n_heads == 4
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -15,7 +15,9 @@ from lmforge.objectives.distill import (
     DistillationStudent,
     attention_kl,
     hidden_cosine_loss,
+    layer_projections,
     layer_values,
+    self_attention_relation,
     soft_target_loss,
     value_relation,
 )
@@ -189,3 +191,75 @@ def test_objective_without_teacher_mlm_reads_unmasked_text_and_refuses_soft_targ
     wide = Encoder(tiny_config(n_heads=4))
     with pytest.raises(LmforgeError, match="teacher has 2 heads and the student 4"):
         objective(wide, plain)
+
+
+def _naive_relation(x: torch.Tensor, heads: int, n_real: int) -> torch.Tensor:
+    """One row's relation by loops: (heads, n_real, n_real), softmax over the real keys."""
+    width = x.shape[-1] // heads
+    out = torch.zeros(heads, n_real, n_real)
+    for a in range(heads):
+        part = x[:n_real, a * width:(a + 1) * width]
+        for i in range(n_real):
+            scores = torch.tensor([float(part[i] @ part[j]) / math.sqrt(width) for j in range(n_real)])
+            out[a, i] = scores.softmax(-1)
+    return out
+
+
+def test_minilm_v2_relations_by_formula_against_a_naive_computation():
+    # MiniLMv2 (Wang et al. 2021): Q-Q, K-K and V-V relations over relation heads that need not be the model's
+    torch.manual_seed(11)
+    x = torch.randn(2, 5, 12)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    rel = self_attention_relation(x, 3, mask)  # 3 relation heads of width 4
+    assert rel.shape == (2, 3, 5, 5) and torch.all(rel[1, :, :, 3:] == 0)
+    for row, n_real in ((0, 5), (1, 3)):
+        torch.testing.assert_close(rel[row, :, :n_real, :n_real], _naive_relation(x[row], 3, n_real))
+    enc = Encoder(tiny_config()).eval()
+    h = torch.randn(2, 5, 16)
+    q, k, v = layer_projections(enc.layers[2], h)
+    attn = enc.layers[2].self_attn
+    for got, proj in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
+        torch.testing.assert_close(got, proj(h))
+
+
+def test_minilm_v2_objective_with_other_heads_and_widths():
+    torch.manual_seed(12)
+    teacher = Encoder(tiny_config(n_heads=4, d_model=16))  # 4 heads of 4
+    student = Encoder(tiny_config(n_heads=2, d_model=8, n_layers=2, d_ff=16))  # 2 heads of 4, half as wide
+    objective = DistillationObjective(teacher, n_heads=2, alpha_ce=0.0, alpha_mlm=0.0, alpha_cos=0.0, alpha_rel=1.0,
+                                      relation_heads=4, teacher_layer=2, masked_inputs=False)
+    b = batch(False)
+    out = objective(student, b)
+    loss, count = out.losses["rel"]
+    assert count == objective.counts(b)["rel"] == 22 * 4
+    # by formula: the three KLs of the teacher's layer 2 against the student's last layer, summed
+    mask = b["attention_mask"].bool()
+    ids = torch.where(b["mlm_labels"] != -100, b["mlm_labels"], b["input_ids"])  # the original text
+    with torch.no_grad():
+        t_out = teacher(ids, attention_mask=b["attention_mask"], output_hidden_states=True)
+        s_out = student(ids, attention_mask=b["attention_mask"], output_hidden_states=True)
+        t_qkv = layer_projections(teacher.layers[2], t_out.hidden_states[2])
+        s_qkv = layer_projections(student.layers[-1], s_out.hidden_states[-2])
+    expected = 0.0
+    for t_x, s_x in zip(t_qkv, s_qkv, strict=True):
+        t_r, s_r = self_attention_relation(t_x, 4, mask), self_attention_relation(s_x, 4, mask)
+        for row in range(mask.shape[0]):
+            n = int(mask[row].sum())
+            p, q = t_r[row, :, :n, :n], s_r[row, :, :n, :n]
+            expected += float((p * (p.log() - q.log())).sum())
+    assert float(loss.detach()) == pytest.approx(expected, rel=2e-3)  # float32 sums of small KLs
+    loss.backward()
+    assert student.layers[-1].self_attn.k_proj.weight.grad is not None
+    assert all(p.grad is None for p in teacher.parameters())
+    # a student that is the teacher has zero relation loss at the same layer
+    same = DistillationObjective(teacher, n_heads=4, alpha_cos=0.0, alpha_ce=0.0, alpha_mlm=0.0, alpha_rel=1.0,
+                                 masked_inputs=False)
+    assert float(same(teacher, b).metrics["distill_rel"][0]) == pytest.approx(0.0, abs=1e-4)
+    with pytest.raises(LmforgeError, match="must divide the teacher's d_model 16"):
+        DistillationObjective(teacher, n_heads=2, alpha_rel=1.0, alpha_ce=0.0, relation_heads=5)
+    with pytest.raises(LmforgeError, match="the teacher has 4 layers"):
+        DistillationObjective(teacher, n_heads=2, alpha_rel=1.0, alpha_ce=0.0, teacher_layer=4)
+    odd = DistillationObjective(teacher, n_heads=2, alpha_ce=0.0, alpha_mlm=0.0, alpha_cos=0.0, alpha_rel=1.0,
+                                relation_heads=16, masked_inputs=False)
+    with pytest.raises(LmforgeError, match="divide the student's d_model 8"):
+        odd(student, b)

@@ -15,7 +15,9 @@ from lmforge.utils.compiling import COMPILE_HELP
 
 FLAGS = {"teacher": "teacher", "student": "student", "data": "data.path", "out": "out",
          "temperature": "temperature", "alpha_ce": "alpha_ce", "alpha_mlm": "alpha_mlm", "alpha_cos": "alpha_cos",
-         "alpha_att": "alpha_att", "alpha_val": "alpha_val", "max_steps": "train.max_steps", "budget": "train.budget",
+         "alpha_att": "alpha_att", "alpha_val": "alpha_val", "alpha_rel": "alpha_rel",
+         "relation_heads": "relation_heads", "teacher_layer": "teacher_layer", "max_steps": "train.max_steps",
+         "budget": "train.budget",
          "batch_size": "train.batch_size", "micro_batch_size": "train.micro_batch_size", "seq_len": "data.seq_len",
          "lr": "train.lr", "precision": "train.precision", "compile": "train.compile", "save_every": "train.save_every",
          "eval_every": "train.eval_every", "seed": "train.seed", "masking": "data.masking"}
@@ -62,6 +64,13 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                    help="MiniLM's last-layer attention KL (default 1 without a teacher MLM head, else 0)")
     p.add_argument("--alpha-val", type=_weight, metavar="W",
                    help="MiniLM's value-relation KL (default 1 without a teacher MLM head, else 0)")
+    p.add_argument("--alpha-rel", type=_weight, metavar="W",
+                   help="MiniLMv2's query/key/value relation KLs (default 1 when the student has another head count "
+                        "than a teacher without an MLM head, else 0)")
+    p.add_argument("--relation-heads", type=Count(1, 4096), metavar="N",
+                   help="MiniLMv2's relation heads (default: the teacher's heads); must divide both widths")
+    p.add_argument("--teacher-layer", type=int, metavar="I",
+                   help="the teacher layer MiniLMv2's relations are read from (default -1: the last)")
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000; with --budget: none, "
                    "an optional cap)")
     p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)

@@ -21,6 +21,17 @@ then learns from the teacher's self-attention (MiniLM, Wang et al. 2020, section
 each averaged over heads and real query tokens (H * M items); padded keys have probability 0 in both. MiniLM needs
 teacher and student to have the same number of heads (their head sizes may differ).
 
+MiniLMv2 (Wang et al. 2021, "MiniLMv2: Multi-Head Self-Attention Relation Distillation") lifts that restriction:
+the queries, keys and values of a layer (each (B, T, D), all heads concatenated) are split again into A_r
+*relation heads* of width D / A_r, whatever the model's own head count, and the student learns the teacher's
+query-query, key-key and value-value relations
+
+      + alpha_rel * sum_{X in Q, K, V} KL(R_t^X || R_s^X)     R^X = softmax(X_a X_a^T / sqrt(D / A_r)) per head a
+
+each averaged over relation heads and real query tokens (A_r * M items), the teacher's from one chosen layer
+(``teacher_layer``: the last by default; the paper takes an upper-middle layer of a large teacher) and the
+student's from its last layer. A_r must divide both widths; teacher and student may differ in heads and width.
+
 Every term is returned with its weight already applied (the Trainer adds the terms), and each unweighted value is
 also a metric (``distill_<term>``), so the log shows both.
 """
@@ -38,8 +49,8 @@ from lmforge.errors import LmforgeError
 from lmforge.objectives.base import ObjectiveOutput, unwrapped
 
 __all__ = [
-    "DistillationObjective", "attention_kl", "hidden_cosine_loss", "layer_values", "soft_target_loss",
-    "value_relation",
+    "DistillationObjective", "attention_kl", "hidden_cosine_loss", "layer_projections", "layer_values",
+    "self_attention_relation", "soft_target_loss", "value_relation",
 ]
 
 IGNORE = -100
@@ -98,6 +109,22 @@ def layer_values(layer: nn.Module, x: Tensor) -> Tensor:
     return v.view(B, T, attn.n_heads, D // attn.n_heads).transpose(1, 2)  # (B, H, T, d_head)
 
 
+def layer_projections(layer: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The queries, keys and values of an ``EncoderLayer``'s self-attention for the layer input ``x`` (B, T, D), each
+    (B, T, D) with the heads concatenated (MiniLMv2 splits them again into its relation heads)."""
+    attn = layer.self_attn
+    h = layer.self_attn_norm(x) if layer.norm_first else x
+    return attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+
+
+def self_attention_relation(x: Tensor, n_heads: int, mask: Tensor | None) -> Tensor:
+    """MiniLMv2's relation ``softmax(X_a X_a^T / sqrt(d_r))`` of (B, T, D) vectors split into ``n_heads`` relation
+    heads of width d_r = D / n_heads: (B, n_heads, T, T); padded keys get 0."""
+    B, T, D = x.shape
+    heads = x.float().view(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, A, T, d_r)
+    return value_relation(heads, mask)
+
+
 def value_relation(values: Tensor, mask: Tensor | None) -> Tensor:
     """MiniLM's value relation ``softmax(V V^T / sqrt(d_head))`` per head: (B, H, T, T); padded keys get 0."""
     v = values.float()
@@ -123,23 +150,29 @@ class DistillationObjective:
             mode here.
         n_heads: the student's heads (for ``counts``).
         temperature: T of the soft targets.
-        alpha_ce, alpha_mlm, alpha_cos, alpha_att, alpha_val: the weights; a term with weight 0 is not computed.
+        alpha_ce, alpha_mlm, alpha_cos, alpha_att, alpha_val, alpha_rel: the weights; a term with weight 0 is not
+            computed.
         masked_inputs: feed both models the masked inputs (needed by the soft targets and the student MLM); False
             feeds the original text (the masked positions are put back).
+        relation_heads: MiniLMv2's relation heads A_r (None: the teacher's attention heads); must divide the
+            teacher's and the student's d_model.
+        teacher_layer: the teacher layer whose relations the student's last layer learns (MiniLMv2; negative
+            indices count from the last, -1).
     """
 
     def __init__(self, teacher: nn.Module, *, n_heads: int, temperature: float = 2.0, alpha_ce: float = 5.0,
                  alpha_mlm: float = 2.0, alpha_cos: float = 1.0, alpha_att: float = 0.0, alpha_val: float = 0.0,
-                 masked_inputs: bool = True) -> None:
+                 alpha_rel: float = 0.0, masked_inputs: bool = True, relation_heads: int | None = None,
+                 teacher_layer: int = -1) -> None:
         if not temperature > 0:
             raise LmforgeError(f"temperature={temperature} must be > 0 (DistilBERT: 2)")
-        weights = dict(ce=alpha_ce, mlm=alpha_mlm, cos=alpha_cos, att=alpha_att, val=alpha_val)
+        weights = dict(ce=alpha_ce, mlm=alpha_mlm, cos=alpha_cos, att=alpha_att, val=alpha_val, rel=alpha_rel)
         bad = [f"alpha_{k}={v}" for k, v in weights.items() if not 0.0 <= v < math.inf]
         if bad:
             raise LmforgeError(f"distillation weights must be finite and >= 0: {', '.join(bad)}")
         if not any(weights.values()):
             raise LmforgeError("every distillation weight is 0: nothing to learn from; set at least one of "
-                               "--alpha-ce, --alpha-mlm, --alpha-cos, --alpha-att, --alpha-val")
+                               "--alpha-ce, --alpha-mlm, --alpha-cos, --alpha-att, --alpha-val, --alpha-rel")
         self.teacher = teacher.eval().requires_grad_(False)
         self.teacher_head = getattr(getattr(teacher, "head", None), "mlm", None)
         if alpha_ce and self.teacher_head is None:
@@ -151,6 +184,18 @@ class DistillationObjective:
                                "masked_inputs=True")
         self.weights = {k: float(v) for k, v in weights.items() if v}
         self.n_heads, self.temperature, self.masked_inputs = n_heads, float(temperature), masked_inputs
+        t_config = _backbone_of(self.teacher).config
+        self.relation_heads = t_config.n_heads if relation_heads is None else relation_heads
+        L = t_config.n_layers
+        if not -L <= teacher_layer < L:
+            raise LmforgeError(f"teacher_layer={teacher_layer} (--teacher-layer): the teacher has {L} layers; give "
+                               f"0 .. {L - 1}, or -1 for the last")
+        self.teacher_layer = teacher_layer % L
+        if "rel" in self.weights:
+            if not isinstance(self.relation_heads, int) or self.relation_heads < 1 or t_config.d_model % \
+                    self.relation_heads:
+                raise LmforgeError(f"relation_heads={self.relation_heads} (--relation-heads) must divide the "
+                                   f"teacher's d_model {t_config.d_model}")
         self._device: torch.device | None = None
 
     @property
@@ -167,7 +212,7 @@ class DistillationObjective:
         mask = batch.get("attention_mask")
         real = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         items = {"ce": predicted, "mlm": predicted, "cos": real, "att": real * self.n_heads,
-                 "val": real * self.n_heads}
+                 "val": real * self.n_heads, "rel": real * self.relation_heads}
         return {k: items[k] for k in self.weights}
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
@@ -226,7 +271,28 @@ class DistillationObjective:
                 t_vr = value_relation(layer_values(t_backbone.layers[-1], t_out.hidden_states[-2]), real)
             s_vr = value_relation(layer_values(s_backbone.layers[-1], s_out.hidden_states[-2]), real)
             add("val", *attention_kl(t_vr, s_vr, real))
+        if "rel" in w:
+            add("rel", *self._relations(t_backbone, t_out, _backbone_of(model), s_out, real))
         return ObjectiveOutput(losses, metrics)
+
+    def _relations(self, t_backbone: nn.Module, t_out: Any, s_backbone: nn.Module, s_out: Any,
+                   real: Tensor | None) -> tuple[Tensor, int]:
+        """MiniLMv2's loss: the three relation KLs summed, each over relation heads and real queries; the count
+        of (relation head, real query) items, so that the mean is the sum of the three means."""
+        A = self.relation_heads
+        width = s_backbone.config.d_model
+        if width % A:
+            raise LmforgeError(f"relation_heads={A} (--relation-heads) must divide the student's d_model {width} as "
+                               "well as the teacher's")
+        with torch.no_grad():  # the input of layer i is hidden_states[i]
+            t_qkv = layer_projections(t_backbone.layers[self.teacher_layer], t_out.hidden_states[self.teacher_layer])
+            t_rel = [self_attention_relation(x, A, real) for x in t_qkv]
+        s_qkv = layer_projections(s_backbone.layers[-1], s_out.hidden_states[-2])
+        total, count = None, 0
+        for t_r, s_x in zip(t_rel, s_qkv, strict=True):
+            kl, count = attention_kl(t_r, self_attention_relation(s_x, A, real), real)
+            total = kl if total is None else total + kl
+        return total, count
 
     @staticmethod
     def _check_heads(teacher: nn.Module, student: nn.Module) -> None:

@@ -38,7 +38,9 @@ class DistillRun:
 
     Weights left at None take their default from the teacher: with an MLM head, DistilBERT's 5 / 2 / 1 (soft targets,
     student MLM, cosine) and no attention terms; without one, the cosine and MiniLM's attention and value-relation
-    terms at 1 each, and no MLM (the inputs are then the original text, unmasked).
+    terms at 1 each, and no MLM (the inputs are then the original text, unmasked). MiniLM compares head by head, so
+    a student with another head count gets MiniLMv2's query / key / value relations (``alpha_rel`` 1, over
+    ``relation_heads``, from ``teacher_layer``) instead.
     """
 
     teacher: str = ""
@@ -51,15 +53,24 @@ class DistillRun:
     alpha_cos: float = 1.0
     alpha_att: float | None = None
     alpha_val: float | None = None
+    alpha_rel: float | None = None
+    relation_heads: int | None = None
+    teacher_layer: int = -1
     model: dict[str, Any] = field(default_factory=dict)
     data: DataConfig = field(default_factory=lambda: DataConfig(objective="mlm"))
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def weights(self, teacher_has_mlm: bool) -> dict[str, float]:
-        """The five weights, the defaults filled in for a teacher with or without an MLM head."""
-        defaults = dict(ce=5.0, mlm=2.0, att=0.0, val=0.0) if teacher_has_mlm else dict(ce=0.0, mlm=0.0, att=1.0,
-                                                                                       val=1.0)
-        given = dict(ce=self.alpha_ce, mlm=self.alpha_mlm, att=self.alpha_att, val=self.alpha_val)
+    def weights(self, teacher_has_mlm: bool, same_heads: bool = True) -> dict[str, float]:
+        """The six weights, the defaults filled in for a teacher with or without an MLM head, and a student with the
+        teacher's head count or another (MiniLMv2's relations then stand in for MiniLM's per-head terms)."""
+        if teacher_has_mlm:
+            defaults = dict(ce=5.0, mlm=2.0, att=0.0, val=0.0, rel=0.0)
+        elif same_heads or any(v is not None for v in (self.alpha_att, self.alpha_val, self.alpha_rel)):
+            defaults = dict(ce=0.0, mlm=0.0, att=1.0, val=1.0, rel=0.0)
+        else:
+            defaults = dict(ce=0.0, mlm=0.0, att=0.0, val=0.0, rel=1.0)
+        given = dict(ce=self.alpha_ce, mlm=self.alpha_mlm, att=self.alpha_att, val=self.alpha_val,
+                     rel=self.alpha_rel)
         out = {k: defaults[k] if v is None else float(v) for k, v in given.items()}
         return {**out, "cos": float(self.alpha_cos)}
 
@@ -196,9 +207,16 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     if teacher_head is not None and not has_mlm:
         raise LmforgeError(f"--teacher {run.teacher}: a fine-tuned {teacher.head.get('type')!r} model; distil from a "
                            "pretrained encoder (with or without its MLM head)")
-    weights = run.weights(has_mlm)
+    backbone, config, head_state = build_student(run, teacher)
+    weights = run.weights(has_mlm, same_heads=config.n_heads == teacher.config.n_heads)
     masked = bool(weights["ce"] or weights["mlm"])
-    if not has_mlm:
+    if not has_mlm and weights["rel"]:
+        log.info("the teacher has no MLM head: distilling from its hidden states (cosine, weight %g) and, as "
+                 "MiniLMv2, its layer %d's query, key and value relations over %d relation heads (weight %g; "
+                 "attention %g, value relation %g); %s", weights["cos"], run.teacher_layer % teacher.config.n_layers,
+                 run.relation_heads or teacher.config.n_heads, weights["rel"], weights["att"], weights["val"],
+                 "the student also trains its own MLM" if masked else "inputs are unmasked text")
+    elif not has_mlm:
         log.info("the teacher has no MLM head: distilling from its hidden states (cosine, weight %g) and its last "
                  "layer's self-attention distributions (weight %g) and value relations (weight %g), as MiniLM; "
                  "%s", weights["cos"], weights["att"], weights["val"],
@@ -216,7 +234,6 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
 
     train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
-    backbone, config, head_state = build_student(run, teacher)
     if run.data.seq_len > min(config.max_seq_len, teacher.config.max_seq_len):
         raise LmforgeError(f"data.seq_len={run.data.seq_len} exceeds the max_seq_len of the teacher "
                            f"({teacher.config.max_seq_len}) or the student ({config.max_seq_len}); lower --seq-len")
@@ -231,7 +248,8 @@ def build_trainer(run: DistillRun, *, resume: str = "never", overwrite: bool = F
     objective = DistillationObjective(
         teacher.model, n_heads=config.n_heads, temperature=run.temperature, alpha_ce=weights["ce"],
         alpha_mlm=weights["mlm"], alpha_cos=weights["cos"], alpha_att=weights["att"], alpha_val=weights["val"],
-        masked_inputs=masked)
+        alpha_rel=weights["rel"], masked_inputs=masked, relation_heads=run.relation_heads,
+        teacher_layer=run.teacher_layer)
     n_student = sum(p.numel() for p in student.parameters())
     n_teacher = sum(p.numel() for p in teacher.model.parameters())
     log.info("student: %d layers, %.1fM parameters (teacher: %d layers, %.1fM)", config.n_layers, n_student / 1e6,
