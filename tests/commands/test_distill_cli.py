@@ -146,3 +146,17 @@ def test_minilm_teacher(minilm_dir, bbc_dir, tmp_path, capsys):
         capsys.readouterr().err
     student = load_pretrained(out)
     assert student.config.n_layers == 3 and student.config.d_model == 384
+
+
+def test_a_folder_student_takes_settings_that_keep_its_weights(teacher, tmp_path, capsys):
+    # --model.n_heads on a folder student re-splits the same projections (MiniLMv2's students); a size change is refused
+    out = tmp_path / "heads"
+    assert main(["-q", "distill", "--teacher", str(teacher / "headless"), "--student", str(teacher / "headless"),
+                 "--input", str(teacher / "data"), "--out", str(out), "--max-steps", "1", "--batch-size", "2",
+                 "--seq-len", "32", "--model.n_heads=4"]) == 0, capsys.readouterr().err
+    student = load_pretrained(out)
+    assert student.config.n_heads == 4 and student.model.layers[0].self_attn.n_heads == 4
+    code = main(["distill", "--teacher", str(teacher / "headless"), "--student", str(teacher / "headless"),
+                 "--input", str(teacher / "data"), "--out", str(tmp_path / "wide"), "--max-steps", "1",
+                 "--batch-size", "2", "--seq-len", "32", "--model.d_model=32"])
+    assert code != 0 and "changes the shape of its weights" in capsys.readouterr().err

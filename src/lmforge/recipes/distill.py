@@ -157,6 +157,16 @@ def build_student(run: DistillRun, teacher) -> tuple[Any, Any]:
             raise LmforgeError(f"--student {run.student} holds a {config.arch!r} model; distillation trains an "
                                "encoder (a BERT, ALBERT or DistilBERT folder, or a preset such as bert-mini)")
         backbone = _backbone(loaded.model)
+        if run.model:  # the folder's weights in a model of the changed config (n_heads, dropouts: same shapes)
+            rebuilt = build_backbone(config)
+            try:
+                rebuilt.load_state_dict(backbone.state_dict())
+            except RuntimeError:
+                changed = ", ".join(f"--model.{k}={v}" for k, v in run.model.items())
+                raise LmforgeError(f"--student {run.student}: {changed} changes the shape of its weights; a folder "
+                                   "student takes settings that keep them (n_heads, dropouts): use a preset student "
+                                   "for other sizes") from None
+            backbone = rebuilt
         head = getattr(loaded.model, "head", None)
         head_state = head.state_dict() if head is not None and hasattr(head, "mlm") else None
         if config.vocab_size != t_config.vocab_size:
