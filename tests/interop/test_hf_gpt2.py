@@ -227,3 +227,20 @@ def test_state_dict_to_hf_names_foreign_keys():
     sd["layers.0.cross_attn.q_proj.weight"] = torch.zeros(D, D)
     with pytest.raises(LmforgeError, match=r"layers\.0\.cross_attn\.q_proj\.weight"):
         state_dict_to_hf(sd, config)
+
+
+def test_an_untied_folder_keeps_its_head_even_when_it_equals_the_embedding(tmp_path):
+    # the loader passes the folder's config to the converter (issue 38): tie_word_embeddings=false keeps lm_head,
+    # even a head that happens to equal wte, instead of dropping it and starting a random one
+    from lmforge.persistence import load_pretrained
+
+    hf = _hf_model(tie_word_embeddings=False)
+    with torch.no_grad():
+        hf.lm_head.weight.copy_(hf.transformer.wte.weight)
+    hf.save_pretrained(tmp_path / "hf")
+    loaded = load_pretrained(tmp_path / "hf")
+    assert loaded.model.lm_head is not None
+    assert torch.equal(loaded.model.lm_head.weight, hf.lm_head.weight)
+    ids = _ids(3, B, T)
+    with torch.no_grad():
+        close(loaded.model(ids).logits, hf(ids).logits, rtol=RTOL)

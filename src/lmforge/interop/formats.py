@@ -92,7 +92,8 @@ def _electra_state(tensors: Mapping[str, Tensor], with_head: bool, config: Model
 
 
 def _gpt2_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelConfig) -> LoadedState:
-    return hf_gpt2.state_dict_from_hf(tensors), None, ()  # no config: lm_head kept only when it differs from wte
+    # the config says whether the head is tied: an untied head equal to wte (a fresh copy) is kept, not dropped
+    return hf_gpt2.state_dict_from_hf(tensors, config), None, ()
 
 
 def _xlnet_state(tensors: Mapping[str, Tensor], with_head: bool, config: ModelConfig) -> LoadedState:
