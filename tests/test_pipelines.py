@@ -151,3 +151,32 @@ def test_question_answering_score_is_the_start_end_probability_product(finetuned
     assert len(ranked) == 3 and ranked[0] == answer
     assert ranked[0]["score"] >= ranked[1]["score"] >= ranked[2]["score"] > 0.0
     assert sum(r["score"] for r in ranked) <= 1.0 + 1e-6
+
+
+def test_question_answering_ranks_as_evaluate_over_several_windows(finetuned):
+    # the pipeline picks the span BERT's SQuAD code (and `lmforge evaluate`) picks, by logit sum over all windows;
+    # only the reported score is the window probability (issue 38)
+    from lmforge.data.qa_features import decode_qa
+    from lmforge.data.readers import QAExample
+
+    out, _, _ = finetuned("qa")
+    qa = lmforge.pipeline("question-answering", model=out, top_k=3)
+    context = " ".join(["alice lives in paris . bob lives in rome . carol lives in oslo ."] * 3)
+    item = {"question": "where lives carol ?", "context": context}
+    example = QAExample("0", "", item["question"], context, [], False)
+    features = qa.task.featurize([example], qa.tokenizer, training=False)
+    assert len(features) > 1  # the context takes several windows
+    starts, ends = [], []
+    for feature in features:
+        batch = qa.task.collate([feature], qa.tokenizer.pad_id)
+        batch = {k: v for k, v in batch.items() if k not in ("start_positions", "end_positions")}
+        with torch.no_grad():
+            logits = qa.model(**batch)
+        starts.append(logits.start_logits[0].float().numpy())
+        ends.append(logits.end_logits[0].float().numpy())
+    c = qa.task.config
+    reference = decode_qa([example], features, starts, ends, n_best=c.n_best, max_answer_length=c.max_answer_length,
+                          version_2=bool(c.version_2), null_threshold=c.null_threshold)["0"]
+    ranked = qa(item)
+    assert [(r["start"], r["end"]) for r in ranked] == [(e["start"], e["end"]) for e in reference["n_best"][:3]]
+    assert all(0.0 < r["score"] <= 1.0 for r in ranked)

@@ -206,11 +206,10 @@ class TokenClassificationPipeline(_TaskPipeline):
 
 
 class QuestionAnsweringPipeline(_TaskPipeline):
-    """Answers as spans of the context, scored by probability: the start and end logits of each window are turned
-    into log-probabilities (a softmax over the window's positions) before the span search, so a span's score is
-    ``log p_start(i) + log p_end(j)`` and ``score`` is its exponential; spans of different windows are then ranked
-    by probability, as in transformers' pipeline (``lmforge evaluate`` ranks by the sum of logits, as BERT's
-    SQuAD code does, and may prefer another window's span when two windows disagree)."""
+    """Answers as spans of the context, ranked as BERT's SQuAD code and ``lmforge evaluate`` rank them, by the sum of
+    the start and end logits over all windows, so that the pipeline and ``evaluate`` give the same answer; each
+    span's ``score`` is its probability within its window, ``p_start(i) * p_end(j)`` with each a softmax over the
+    window's positions (what transformers' pipeline reports; the best over the windows holding the span)."""
 
     expected = ("qa",)
     ranks = True
@@ -236,29 +235,43 @@ class QuestionAnsweringPipeline(_TaskPipeline):
         return results[0] if single else results
 
     def _answer(self, examples: list[Any], features: list[Any]) -> list[dict[str, Any]]:
-        """``decode_qa`` of the examples over log-softmaxed start and end logits (see the class docstring)."""
+        """``decode_qa`` of the examples over the start and end logits (BERT's ranking), each span then given its
+        window probability (a second decoding over log-softmaxed logits; see the class docstring)."""
         from lmforge.data.qa_features import decode_qa
         from lmforge.tasks.base import run_model
 
-        starts: list[Any] = [None] * len(features)
-        ends: list[Any] = [None] * len(features)
+        n = len(features)
+        logits: dict[str, list[Any]] = {k: [None] * n for k in ("start", "end", "log_start", "log_end")}
         collate = lambda fs: self.task.collate(fs, self.tokenizer.pad_id)  # noqa: E731
         for chunk, out in run_model(self.model, features, collate, self.batch_size,
                                     drop=("start_positions", "end_positions")):
-            s = out.start_logits.float().log_softmax(-1).cpu().numpy()  # (B, T): masked positions stay ~ -inf
-            e = out.end_logits.float().log_softmax(-1).cpu().numpy()
+            s, e = out.start_logits.float(), out.end_logits.float()  # (B, T): masked positions stay ~ -inf
+            rows = {"start": s, "end": e, "log_start": s.log_softmax(-1), "log_end": e.log_softmax(-1)}
+            rows = {k: v.cpu().numpy() for k, v in rows.items()}
             for j, i in enumerate(chunk):
-                n = len(features[i]["input_ids"])
-                starts[i], ends[i] = s[j, :n], e[j, :n]
+                width = len(features[i]["input_ids"])
+                for k, v in rows.items():
+                    logits[k][i] = v[j, :width]
         c = self.task.config
         n_best = max(c.n_best, self.top_k or 1)
-        decoded = decode_qa(examples, features, starts, ends, n_best=n_best, max_answer_length=c.max_answer_length,
-                            version_2=bool(c.version_2), null_threshold=c.null_threshold)
-        return [decoded[e.id] for e in examples]
+        options = dict(max_answer_length=c.max_answer_length, version_2=bool(c.version_2),
+                       null_threshold=c.null_threshold)
+        ranked = decode_qa(examples, features, logits["start"], logits["end"], n_best=n_best, **options)
+        in_window = decode_qa(examples, features, logits["log_start"], logits["log_end"], n_best=4 * n_best,
+                              **options)
+        predictions = []
+        for example in examples:
+            prediction = ranked[example.id]
+            log_p = {(x["start"], x["end"]): x["score"] for x in in_window[example.id]["n_best"]
+                     if x["score"] is not None}
+            for entry in (prediction, *prediction["n_best"]):
+                entry["window_log_prob"] = log_p.get((entry["start"], entry["end"]))
+            predictions.append(prediction)
+        return predictions
 
     @staticmethod
     def _answer_dict(entry: dict[str, Any]) -> dict[str, Any]:
-        score = entry.get("score")
+        score = entry.get("window_log_prob") if entry.get("score") is not None else None
         return {"answer": entry["text"], "start": entry["start"], "end": entry["end"],
                 "score": None if score is None else math.exp(score)}
 
