@@ -16,6 +16,7 @@ import torch
 
 from lmforge.cli import main
 from lmforge.persistence import load_pretrained
+from lmforge.training import load_trainer_state
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--model.n_layers=1", "--model.d_model=16", "--model.n_heads=2", "--model.d_ff=32",
@@ -233,6 +234,25 @@ def test_transformer_xl_run_evaluates_with_memory_resumes_and_loads(prepared, tm
     assert (loaded.config.arch, loaded.config.attn_type, loaded.config.mem_len) == ("xlnet", "uni", 16)
     run_config = json.loads((out / "run_config.json").read_text())
     assert run_config["data"]["objective"] == "txl" and run_config["loss"]["eval_mem_len"] == 48
+
+
+def test_transformer_xl_resumes_with_its_memory_exactly(prepared, tmp_path, capsys):
+    # the training memory is checkpointed (issue 38): the steps after a resume equal the uninterrupted run's
+    args = ["pretrain", "--preset", "transformer-xl-tiny", "--objective", "txl", "--input", str(prepared / "data"),
+            "--batch-size", "4", "--seq-len", "16", *TINY, "--model.mem_len=16", "--max-steps", "4",
+            "--save-every", "2", "--train.eval_every=0", "--data.eval_fraction=0"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0, capsys.readouterr().err
+    state = load_trainer_state(tmp_path / "whole" / "checkpoints" / "step-2")
+    memory = state["objective"][0]["train_memory"]
+    assert len(memory) == 1 and tuple(memory[0].shape) == (4, 16, 16)  # n_layers x (rows, mem_len, d_model)
+    assert main([*args, "--out", str(tmp_path / "resumed"), "--resume",
+                 str(tmp_path / "whole" / "checkpoints" / "step-2")]) == 0, capsys.readouterr().err
+
+    def train(run):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r]
+
+    assert train(tmp_path / "resumed") == [r for r in train(tmp_path / "whole") if r[0] > 2]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

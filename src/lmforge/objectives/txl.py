@@ -13,9 +13,9 @@ the memory each call ends with, per layer the last ``mem_len`` inputs of that la
 segment's states), detached: the gradient stops at the segment's start (Dai et al.'s SG(.)), and the next call
 attends to it. As the AWD-LSTM's state, the memory starts empty on a batch whose ``reset`` is set (the first window
 of a pass over the stream: a new epoch, with a new document order, or a new evaluation) or whose number of rows
-differs; training and evaluation keep separate memories (the Trainer evaluates between training steps). It is not
-checkpointed: a resumed run starts its first window without memory (one segment of context lost once), as the
-AWD-LSTM's state.
+differs; training and evaluation keep separate memories (the Trainer evaluates between training steps). The
+training memory is checkpointed (``state_dict``, saved by the Trainer for each rank beside its data position), so a
+resumed run continues its stream with the memory the interrupted one had: resume is exact.
 
 Memory lengths: training keeps ``ModelConfig.mem_len`` states (it must be set: ``None`` would keep the whole stream);
 evaluation keeps ``TXLLoss.eval_mem_len`` (``--loss.eval_mem_len``; default: the same), which may be longer: "the
@@ -86,6 +86,18 @@ class TXLObjective:
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         return {"lm": int((batch["labels"] != IGNORE).sum())}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The training memory (L tensors (B, M, D) on the CPU, or None): what a checkpoint keeps."""
+        mems = self._mems.get(True)
+        return {"train_memory": None if mems is None else [m.detach().cpu() for m in mems]}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore the training memory ``state_dict`` gave (moved to the batches' device on first use)."""
+        mems = (state or {}).get("train_memory")
+        self._mems.pop(True, None)
+        if mems is not None:
+            self._mems[True] = tuple(mems)
+
     def memory(self, training: bool) -> tuple[Tensor, ...] | None:
         """The memory the next training (or evaluation) segment would attend to: L tensors (B, M, D), or None."""
         return self._mems.get(training)
@@ -102,9 +114,10 @@ class TXLObjective:
         mem_len = config.mem_len if key or self.eval_mem_len is None else self.eval_mem_len
         mems = self._mems.get(key)
         reset = batch.get("reset")
-        if mems is None or (reset is not None and bool(reset.any())) or mems[0].shape[0] != B \
-                or mems[0].device != input_ids.device:
+        if mems is None or (reset is not None and bool(reset.any())) or mems[0].shape[0] != B:
             mems = None
+        elif mems[0].device != input_ids.device:  # a restored memory, or a model moved between devices
+            mems = tuple(m.to(input_ids.device) for m in mems)
         out = model(input_ids, mems=mems, output_hidden_states=True, return_logits="content")
         # the new memory: per layer, the last mem_len of [memory; this segment's inputs to the layer], detached
         self._mems[key] = tuple((h if m is None else torch.cat((m.to(h.dtype), h), dim=1))[:, -mem_len:].detach()
