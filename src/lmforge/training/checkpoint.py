@@ -250,6 +250,21 @@ def capture_rng() -> dict[str, Any]:
     }
 
 
+def objective_state(objective: Any) -> Any:
+    """What an objective that carries state across batches (Transformer-XL's memory) keeps in a checkpoint, one per
+    rank beside its data position: its ``state_dict()``, or None for an objective without state."""
+    state_dict = getattr(objective, "state_dict", None)
+    return state_dict() if state_dict is not None else None
+
+
+def restore_objective(objective: Any, state: dict[str, Any], rank: int) -> None:
+    """Give ``objective`` this rank's state from a checkpoint's ``state`` (older checkpoints have none: it starts
+    fresh)."""
+    states = state.get("objective")
+    if states and hasattr(objective, "load_state_dict"):
+        objective.load_state_dict(states[rank])
+
+
 def restore_rng(state: dict[str, Any]) -> None:
     """Inverse of ``capture_rng``."""
     torch.set_rng_state(state["torch"])

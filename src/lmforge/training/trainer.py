@@ -261,9 +261,7 @@ class Trainer:
         if self._state is not None:
             self.train_data.load_state_dict(self._state["data"][self.dist.rank])
             ckpt.restore_rng(self._state["rng"][self.dist.rank])
-            objective_states = self._state.get("objective")  # absent from older checkpoints: the state starts fresh
-            if objective_states and hasattr(self.objective, "load_state_dict"):
-                self.objective.load_state_dict(objective_states[self.dist.rank])
+            ckpt.restore_objective(self.objective, self._state, self.dist.rank)
         else:
             ckpt.seed_everything(cfg.seed + self.dist.rank)
         if main:
@@ -462,11 +460,8 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-<step>`` (rank 0; every rank contributes its data position and RNG state)."""
         start = time.perf_counter()
-        data_states = dist.gather_objects(self.train_data.state_dict(), self.dist)
-        rng_states = dist.gather_objects(ckpt.capture_rng(), self.dist)
-        # an objective that carries state across batches (Transformer-XL's memory): each rank's, as its data position
-        objective_state = getattr(self.objective, "state_dict", None)
-        objective_states = dist.gather_objects(objective_state() if objective_state else None, self.dist)
+        data_states, rng_states, objective_states = (dist.gather_objects(x, self.dist) for x in (
+            self.train_data.state_dict(), ckpt.capture_rng(), ckpt.objective_state(self.objective)))
         path = ckpt.checkpoint_path(self.out_dir, self.step)
         gathered = self.placement.gathered_state()
         optimizer = self._optimizer_state.state_dict() if self.placement.sharded else None  # a collective: every rank
@@ -477,8 +472,8 @@ class Trainer:
             # these keys are the checkpoint format (lmforge.training.checkpoint): old checkpoints must still resume
             state = {"step": self.step, "world_size": self.dist.world_size, "components": components,
                      "data": data_states, "rng": rng_states, "objective": objective_states,
-                     "train_config": to_dict(self.config),
-                     "run_kind": self.output.run_kind, "precision": self.precision,
+                     "train_config": to_dict(self.config), "run_kind": self.output.run_kind,
+                     "precision": self.precision,
                      "model_config": to_dict(self.model_config) if self.model_config else None}
             self.folder.save_checkpoint(self.step, self.model, state, self.config.keep_last, gathered)
             log.info("saved checkpoint %s", path)
