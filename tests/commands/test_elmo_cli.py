@@ -16,6 +16,8 @@ from tests.toy_tasks import write_task_data
 TINY = ["--model.n_layers=2", "--model.d_model=16", "--model.d_cell=32", "--model.n_highway=1",
         "--model.char_filters=[[1, 4], [2, 8], [3, 8]]", "--model.max_chars_per_token=10", "--model.dropout=0.0",
         "--train.log_every=1", "--train.eval_batches=1"]
+MODEL = {"n_layers": 2, "d_model": 16, "d_cell": 32, "n_highway": 1, "char_filters": [[1, 4], [2, 8], [3, 8]],
+         "max_chars_per_token": 10, "dropout": 0.0}  # TINY's model settings
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,22 @@ def test_finetune_on_frozen_elmo(bilm_run, tmp_path, task, extra, capsys):
     capsys.readouterr()
     assert main(["-q", "evaluate", "--model", str(out), "--test", str(dev)]) == 0
     assert ("f1" if task == "token" else "accuracy") in json.loads(capsys.readouterr().out)
+
+
+def test_the_sampled_softmax_ranks_the_corpus_tokens_for_its_log_uniform_sampler(bilm_run):
+    # the recipe gives the biLM the corpus's token counts (bilm-tf's frequency ranking for its Zipfian sampler)
+    from lmforge.config import from_dict
+    from lmforge.data.shards import ShardedCorpus
+    from lmforge.recipes.pretrain import PretrainRun, build_trainer
+
+    data = bilm_run.parent / "data"
+    run = from_dict(PretrainRun, {"preset": "elmo-small", "out": str(bilm_run.parent / "sampled"),
+                                  "model": {**MODEL, "softmax_samples": 16},
+                                  "data": {"objective": "bilm", "path": str(data), "seq_len": 16},
+                                  "train": {"max_steps": 1, "batch_size": 4}})
+    trainer = build_trainer(run, progress=False)
+    backbone = getattr(trainer.model, "backbone", trainer.model)
+    counts = ShardedCorpus(data).token_counts()
+    order = backbone.frequency_order.tolist()
+    assert counts[order[0]] == counts.max()
+    assert all(counts[a] >= counts[b] for a, b in zip(order[:50], order[1:51], strict=True))

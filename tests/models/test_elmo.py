@@ -223,3 +223,56 @@ def test_presets_and_the_objective_entry():
     assert sum(n for _, n in original.char_filters) == 2048 and original.max_chars_per_token == 50
     objective = get_objective("bilm")
     assert objective.arch == "bilm" and objective.plan == "causal" and objective.head is None
+
+
+# ------------------------------------------------------------------------------------------ the log-uniform sampler
+def test_log_uniform_ranks_follow_the_zipfian_formula():
+    # bilm-tf's proposal: rank r with probability log((r + 2) / (r + 1)) / log(V + 1)
+    import math
+
+    from lmforge.models.elmo import log_uniform_log_q, log_uniform_ranks
+
+    n, vocab = 400_000, 1000
+    ranks = log_uniform_ranks(n, vocab, generator=torch.Generator().manual_seed(0))
+    assert int(ranks.min()) >= 0 and int(ranks.max()) <= vocab - 1
+    q = log_uniform_log_q(torch.arange(vocab), vocab).double().exp()
+    assert float(q.sum()) == pytest.approx(1.0, abs=1e-6)
+    assert float(q[0]) == pytest.approx(math.log(2) / math.log(vocab + 1), rel=1e-6)
+    counts = torch.bincount(ranks, minlength=vocab).double()
+    for lo, hi in ((0, 1), (1, 2), (2, 5), (5, 50), (50, 1000)):
+        p = float(q[lo:hi].sum())
+        observed = float(counts[lo:hi].sum()) / n
+        assert abs(observed - p) < 4 * math.sqrt(p * (1 - p) / n), (lo, hi, observed, p)
+
+
+def test_sampled_softmax_nll_by_formula_with_the_log_q_correction():
+    from lmforge.models.elmo import sampled_softmax_nll
+
+    torch.manual_seed(3)
+    h, W, b = torch.randn(3, 4), torch.randn(10, 4), torch.randn(10)
+    targets, negatives = torch.tensor([1, 4, 7]), torch.tensor([0, 4, 9, 2])
+    log_t, log_s = torch.tensor([-0.5, -1.0, -2.0]), torch.tensor([-0.1, -1.0, -3.0, -0.7])
+    got = sampled_softmax_nll(h, W, b, targets, negatives, log_t, log_s)
+    expected = 0.0
+    for n in range(3):
+        true = float(h[n] @ W[targets[n]] + b[targets[n]]) - float(log_t[n])
+        others = [float(h[n] @ W[c] + b[c]) - float(log_s[j]) for j, c in enumerate(negatives) if c != targets[n]]
+        logits = torch.tensor([true, *others], dtype=torch.float64)
+        expected -= float(torch.log_softmax(logits, 0)[0])
+    assert float(got) == pytest.approx(expected, rel=1e-5)
+
+
+def test_token_counts_rank_the_vocabulary_and_the_sampler_reads_them():
+    model = bilm(softmax_samples=8, token_encoder="embedding")
+    counts = torch.zeros(V)
+    counts[[50, 7, 30]] = torch.tensor([100.0, 50.0, 50.0])  # 50 first, then 7 and 30 (a tie: by id)
+    model.set_token_counts(counts)
+    assert model.frequency_order[:3].tolist() == [50, 7, 30]
+    assert int(model.frequency_rank[50]) == 0 and int(model.frequency_rank[30]) == 2
+    assert model.frequency_order[model.frequency_rank].tolist() == list(range(V))
+    model.train()
+    out = model(torch.randint(5, V, (2, 6)), lm_loss=True)
+    assert torch.isfinite(out.forward_nll)
+    assert "frequency_order" not in model.state_dict()  # rebuilt from the corpus, never saved
+    with pytest.raises(LmforgeError, match="softmax_sampler='zipf'"):
+        tiny(softmax_sampler="zipf")

@@ -631,6 +631,14 @@ class ShardedCorpus:
     def num_tokens(self) -> int:
         return int(self.manifest["counts"]["tokens"])
 
+    def token_counts(self) -> np.ndarray:
+        """How often each id occurs in the corpus: (vocab_size,) int64, counted shard by shard (memory: one shard)."""
+        counts = np.zeros(self.vocab_size, dtype=np.int64)
+        for shard in self._shards:
+            found = np.bincount(shard.ids, minlength=self.vocab_size)
+            counts += found[:self.vocab_size]
+        return counts
+
     @property
     def num_shards(self) -> int:
         return len(self._shards)

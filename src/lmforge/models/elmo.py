@@ -21,8 +21,13 @@ V vocabulary, L LSTM layers.
 So the forward state at k depends on tokens <= k only and the backward state on tokens >= k only: the two LMs never
 see the token they predict. The loss (``lm_loss=True``) is the summed negative log-likelihood of each direction over
 the real targets (the objective averages the two, section 3.1's joint log-likelihood); the full softmax, or with
-``softmax_samples`` > 0 a sampled softmax during training (Jean et al. 2015; uniform negatives shared by the batch,
-accidental hits removed; evaluation always uses the full softmax).
+``softmax_samples`` > 0 a sampled softmax during training (Jean et al. 2015; negatives shared by the batch,
+accidental hits removed; evaluation always uses the full softmax). The negatives are drawn as bilm-tf draws them
+(``softmax_sampler="log_uniform"``): tokens ranked by their frequency in the training corpus (``set_token_counts``;
+rank r = 0 the most frequent), rank r with probability Q(r) = log((r + 2) / (r + 1)) / log(V + 1), and every logit
+corrected by - log(K Q) (the expected count of its token among K draws with replacement; TensorFlow's sampler draws
+without replacement, whose expected count differs slightly for the most frequent tokens). ``"uniform"``: every token
+alike, where the correction is the same for all and cancels.
 
 ``BiLM.forward_lm`` runs the forward LM alone, its LSTM state carried from call to call (``lm_logits``,
 ``reorder_state``): what generation continues a prompt with (``lmforge generate`` on a biLM folder).
@@ -43,6 +48,7 @@ Deviations from the paper, named:
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -145,6 +151,10 @@ class BiLM(PretrainedMixin, nn.Module):
                                     for _ in range(config.n_layers))
         self.dropout = nn.Dropout(config.dropout)
         self.softmax = nn.Linear(D, V)  # shared by both directions
+        # the sampled softmax's frequency ranking (rank -> token id and back): not saved, the recipe sets it from the
+        # training corpus (set_token_counts); id order until then
+        self.register_buffer("frequency_order", torch.arange(V), persistent=False)
+        self.register_buffer("frequency_rank", torch.arange(V), persistent=False)
 
     def set_vocabulary(self, tokens: Sequence[str]) -> None:
         """Spell the vocabulary for the char CNN (a no-op for an embedding table); called by the pretraining recipe
@@ -156,6 +166,18 @@ class BiLM(PretrainedMixin, nn.Module):
             with torch.no_grad():
                 self.token_chars.zero_()
                 self.token_chars[:len(tokens)] = table.to(self.token_chars.device)
+
+    def set_token_counts(self, counts: Any) -> None:
+        """Rank the vocabulary by ``counts`` (V,) (occurrences in the training corpus; ties by id) for the
+        log-uniform sampled softmax; called by the pretraining recipe."""
+        counts = torch.as_tensor(counts, dtype=torch.float64).flatten()
+        if counts.numel() > self.config.vocab_size:
+            raise LmforgeError(f"{counts.numel()} token counts do not fit a vocabulary of {self.config.vocab_size}")
+        full = torch.zeros(self.config.vocab_size, dtype=torch.float64)
+        full[:counts.numel()] = counts
+        order = torch.sort(-full, stable=True).indices
+        self.frequency_order.copy_(order)
+        self.frequency_rank[order] = torch.arange(order.numel(), device=self.frequency_rank.device)
 
     def get_input_embeddings(self) -> nn.Module:
         """The token layer (an ``nn.Embedding`` (V, D) only with ``token_encoder="embedding"``)."""
@@ -237,13 +259,15 @@ class BiLM(PretrainedMixin, nn.Module):
         k = self.config.softmax_samples
         if not (self.training and k > 0):
             return F.cross_entropy(self.softmax(h).float(), targets, reduction="sum")
-        W, b = self.softmax.weight, self.softmax.bias
-        negatives = torch.randint(self.config.vocab_size, (k,), device=h.device)  # (K,) uniform, shared
-        true = (h * W[targets]).sum(-1, keepdim=True) + b[targets].unsqueeze(-1)  # (N, 1)
-        sampled = h @ W[negatives].T + b[negatives]  # (N, K)
-        sampled = sampled.masked_fill(negatives.unsqueeze(0) == targets.unsqueeze(-1), float("-inf"))
-        # uniform proposal: the log Q correction is the same for every class and cancels
-        return -torch.log_softmax(torch.cat([true, sampled], -1).float(), -1)[:, 0].sum()
+        V = self.config.vocab_size
+        if self.config.softmax_sampler == "uniform":  # the log Q correction is the same for every class and cancels
+            negatives = torch.randint(V, (k,), device=h.device)  # (K,) shared
+            return sampled_softmax_nll(h, self.softmax.weight, self.softmax.bias, targets, negatives)
+        ranks = log_uniform_ranks(k, V, device=h.device)  # (K,)
+        negatives = self.frequency_order[ranks]
+        log_expected = lambda r: math.log(k) + log_uniform_log_q(r, V)  # noqa: E731
+        return sampled_softmax_nll(h, self.softmax.weight, self.softmax.bias, targets, negatives,
+                                   log_expected(self.frequency_rank[targets]), log_expected(ranks))
 
     # ------------------------------------------------------------------------------------- the forward LM alone
     def forward_lm(self, input_ids: Tensor, attention_mask: Tensor | None = None, state: LSTMState | None = None,
@@ -417,3 +441,31 @@ class ELMoEncoder(PretrainedMixin, nn.Module):
 
     def extra_repr(self) -> str:
         return f"elmo_layer_norm={self.config.elmo_layer_norm}, elmo_rnn_layers={self.config.elmo_rnn_layers}"
+
+
+def log_uniform_ranks(k: int, vocab_size: int, *, device: Any = None, generator: Any = None) -> Tensor:
+    """K frequency ranks drawn with replacement from the log-uniform (Zipfian) distribution over [0, V):
+    P(r) = log((r + 2) / (r + 1)) / log(V + 1), by inverting its CDF (r = floor(exp(u log(V + 1))) - 1)."""
+    u = torch.rand(k, device=device, generator=generator, dtype=torch.float64)
+    ranks = torch.exp(u * math.log(vocab_size + 1)).floor().long() - 1
+    return ranks.clamp_(0, vocab_size - 1)
+
+
+def log_uniform_log_q(ranks: Tensor, vocab_size: int) -> Tensor:
+    """log P(r) of the log-uniform distribution over [0, V) (``log_uniform_ranks``)."""
+    r = ranks.double()
+    return (torch.log((r + 2) / (r + 1)) / math.log(vocab_size + 1)).log().float()
+
+
+def sampled_softmax_nll(h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor, negatives: Tensor,
+                        true_log_expected: Tensor | None = None, sampled_log_expected: Tensor | None = None) -> Tensor:
+    """Summed NLL of ``targets`` (N,) among themselves and the shared ``negatives`` (K,) (Jean et al. 2015): logits
+    ``h W^T + b`` of the target and of each negative, each minus the log of its expected count under the proposal
+    (None: a uniform proposal, where the correction cancels), a negative equal to the row's target removed."""
+    true = (h * weight[targets]).sum(-1, keepdim=True) + bias[targets].unsqueeze(-1)  # (N, 1)
+    sampled = h @ weight[negatives].T + bias[negatives]  # (N, K)
+    if true_log_expected is not None:
+        true = true - true_log_expected.unsqueeze(-1).to(true.dtype)
+        sampled = sampled - sampled_log_expected.unsqueeze(0).to(sampled.dtype)
+    sampled = sampled.masked_fill(negatives.unsqueeze(0) == targets.unsqueeze(-1), float("-inf"))
+    return -torch.log_softmax(torch.cat([true, sampled], -1).float(), -1)[:, 0].sum()

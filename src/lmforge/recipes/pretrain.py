@@ -325,6 +325,8 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         if isinstance(split_data, LMStreamData):
             split_data.reverse = bool(getattr(config, "reverse", False))
     give_vocabulary(getattr(model, "backbone", model), config, tokenizer)
+    if getattr(config, "softmax_samples", 0) and getattr(config, "softmax_sampler", None) == "log_uniform":
+        getattr(model, "backbone", model).set_token_counts(corpus.token_counts())  # bilm-tf's frequency ranking
     objective = get_objective(run.data.objective).build_loss(run.data, run.loss)
     scales = None
     if run.layer_decay < 1.0:

@@ -18,7 +18,9 @@ class BiLMConfig(RecurrentOptions):
     """ELMo's biLM: ``d_model`` is the LSTMP projection (each direction's output) and the token representation width;
     ``d_cell`` the LSTM cell width (None: d_model); the token layer is a character CNN (``d_char``, ``char_filters``
     = [[width, n_filters], ...], ``n_highway``, ``max_chars_per_token``) or an embedding table; ``softmax_samples``
-    > 0 trains with a sampled softmax of that many negatives (0: full softmax).
+    > 0 trains with a sampled softmax of that many negatives (0: full softmax), drawn by ``softmax_sampler``:
+    "log_uniform" (bilm-tf's: a Zipfian proposal over the tokens ranked by their frequency in the training corpus,
+    with the log Q correction) or "uniform".
 
     Fine-tuning (arch "elmo"): ``elmo_layer_norm`` layer-normalises the layers before the scalar mix;
     ``elmo_rnn_layers`` task BiLSTM layers (``rnn_cell``, ``bidirectional``) with ``attention`` pooling;
@@ -34,6 +36,7 @@ class BiLMConfig(RecurrentOptions):
     n_highway: int = 2
     max_chars_per_token: int = 50
     softmax_samples: int = 0
+    softmax_sampler: str = "log_uniform"
     elmo_layer_norm: bool = False
     elmo_rnn_layers: int = 1
     elmo_token_dim: int = 0
@@ -52,6 +55,8 @@ class BiLMConfig(RecurrentOptions):
             value, low = getattr(self, name), 1 if name in ("d_char", "elmo_rnn_layers") else 0
             if not isinstance(value, int) or not low <= value <= MAX_SIZE["d_ff"]:
                 problems.append(f"{name}={value!r} must be an integer in [{low}, {MAX_SIZE['d_ff']:,}]")
+        if self.softmax_sampler not in ("log_uniform", "uniform"):
+            problems.append(f"softmax_sampler={self.softmax_sampler!r} is not one of log_uniform, uniform")
         if self.d_cell is not None and not 1 <= self.d_cell <= MAX_SIZE["d_ff"]:
             problems.append(f"d_cell={self.d_cell} must be in [1, {MAX_SIZE['d_ff']:,}] (None: d_model)")
         filters = self.char_filters
