@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from lmforge.choices import MASKINGS, PRECISIONS
-from lmforge.commands.options import BUDGET_HELP, LEARNING_RATE, SEED, Count, Number, budget
+from lmforge.commands.options import BUDGET_HELP, LEARNING_RATE, SEED, Count, budget
 from lmforge.commands.pretrain import RESUME_HELP, SAVE_EVERY_HELP
 from lmforge.errors import LmforgeError
 from lmforge.recipes.distill import FROM_TEACHER, DistillRun, build_trainer
@@ -69,8 +69,8 @@ def add_distill_arguments(p: argparse.ArgumentParser) -> None:
                         "than a teacher without an MLM head, else 0)")
     p.add_argument("--relation-heads", type=Count(1, 4096), metavar="N",
                    help="MiniLMv2's relation heads (default: the teacher's heads); must divide both widths")
-    p.add_argument("--teacher-layer", type=Number(int, -4096, 4095), metavar="I",
-                   help="the teacher layer MiniLMv2's relations are read from (default -1: the last)")
+    p.add_argument("--teacher-layer", type=Count(0, 4095), metavar="I",
+                   help="the teacher layer MiniLMv2's relations are read from, 0 the first (default: the last)")
     p.add_argument("--max-steps", type=Count(1, 2**31 - 1), help="optimizer steps (default 1000; with --budget: none, "
                    "an optional cap)")
     p.add_argument("--budget", type=budget, metavar="TIME|TOKENS", help=BUDGET_HELP)
