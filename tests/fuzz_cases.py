@@ -675,7 +675,7 @@ HUGE = (str(2**31), str(10**20))
 ZERO_OK = {"--seed", "--min-frequency", "--min-count", "--weight-decay", "--warmup-ratio", "--sample", "--min-lr",
            "--save-every", "--save-minutes", "--eval-every", "--no-repeat-ngram-size", "--port", "--max-wait-ms",
            "--graceful-timeout",
-           "--top-k", ("glove train", "--alpha"), ("distill", "--teacher-layer")}
+           "--top-k", ("glove train", "--alpha"), ("distill", "--teacher-layer"), "--reinit-layers"}
 HUGE_OK = {"--seed", "--min-frequency", "--limit-alphabet", "--max-input-chars-per-word", "--shard-tokens",
            "--save-every", "--eval-every", "--max-entries", "--top-k", "--no-repeat-ngram-size", "--share-negatives",
            "--window", "--max-batch", "--max-texts", "--max-chars", "--max-new-tokens", "--vocab-size",
