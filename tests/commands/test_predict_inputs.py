@@ -141,3 +141,16 @@ def test_a_damaged_or_foreign_table_gets_one_clear_line(tmp_path):
     (folder / "dataset_info.json").write_text("{}", encoding="utf-8")
     with pytest.raises(InputFileError, match="no state.json"):
         read_classification(folder)
+
+
+def test_a_csv_or_tsv_name_writes_a_table(finetuned, tmp_path):
+    # `predict --out predictions.csv` wrote JSON lines into a .csv; a table name now gets a table
+    out, _, dev = finetuned("sequence")
+    records = _predict(out, dev, tmp_path / "p.jsonl")
+    for name, delimiter in (("p.csv", ","), ("p.tsv", "\t")):
+        assert _run("predict", "--model", str(out), "--input", str(dev), "--out", str(tmp_path / name)) == 0
+        with (tmp_path / name).open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f, delimiter=delimiter))
+        assert [r["label"] for r in rows] == [r["label"] for r in records]
+        assert [json.loads(r["probabilities"]) for r in rows] == [r["probabilities"] for r in records]
+        assert [float(r["score"]) for r in rows] == pytest.approx([r["score"] for r in records])

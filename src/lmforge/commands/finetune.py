@@ -326,7 +326,8 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, action="append", metavar="DIR", help=ENSEMBLE_HELP)
     p.add_argument("--input", required=True, metavar="FILE", help="inputs in the task's format (labels optional: "
                    "any present are ignored, even ones the model never saw)")
-    p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl", help="one JSON prediction per input")
+    p.add_argument("--out", dest="output", required=True, metavar="FILE.jsonl",
+                   help="one JSON prediction per input; a .csv or .tsv name writes a table (nested values as JSON)")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     _add_input_arguments(p, labels=False)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
@@ -334,7 +335,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from lmforge.utils.io import atomic_open, prepare_output_file
+    from lmforge.utils.io import prepare_output_file
 
     folders = model_folders(args.model)
     output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.input],
@@ -357,8 +358,28 @@ def run_predict(args: argparse.Namespace) -> int:
         with compile_errors(args.compile):
             predictions = task.predict(model, examples, features, tokenizer, batch_size=args.batch_size,
                                        progress=show)
-    with atomic_open(output, "w") as f:
-        for example, prediction in zip(examples, predictions, strict=True):
-            f.write(json.dumps(task.record(example, prediction), ensure_ascii=False) + "\n")
+    records = [task.record(example, prediction) for example, prediction in zip(examples, predictions, strict=True)]
+    write_records(output, records)
     print(f"wrote {len(predictions)} predictions to {output}")
     return 0
+
+
+def write_records(path, records: list[dict]) -> None:
+    """Predictions as JSON lines, or as a table when the file is named ``.csv`` / ``.tsv``: one column per key (in
+    the order they first appear), nested values (probabilities, entity lists) as JSON in their cell."""
+    import csv
+
+    from lmforge.utils.io import atomic_open
+
+    suffix = str(path).lower().rsplit(".", 1)[-1]
+    with atomic_open(path, "w") as f:
+        if suffix not in ("csv", "tsv"):
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            return
+        columns = list(dict.fromkeys(key for record in records for key in record))
+        writer = csv.writer(f, delimiter="," if suffix == "csv" else "\t", lineterminator="\n")
+        writer.writerow(columns)
+        for record in records:
+            writer.writerow(["" if record.get(c) is None else json.dumps(record[c], ensure_ascii=False)
+                             if isinstance(record[c], dict | list) else record[c] for c in columns])
