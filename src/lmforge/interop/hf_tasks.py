@@ -283,9 +283,9 @@ def _spec_from_hf(hf: Mapping[str, Any], head: TaskHead, model_type: str) -> dic
 
 @dataclass
 class TaskExport:
-    """A head as transformers stores it: the class name, the head's tensors (top level), the keys to add to
-    ``config.json``, the CRF's tensors for ``crf.safetensors`` (None without a CRF), whether the body's pooler is
-    written under the body (False: drop it) and the pooler's tensors to write as the head's dense layer (fold)."""
+    """A head as transformers stores it: the class name, the head's tensors (top level; a folded pooler among them),
+    the keys to add to ``config.json``, the CRF's tensors for ``crf.safetensors`` (None without a CRF), and whether
+    the body's pooler stays under the body (False: drop it)."""
 
     architecture: str
     tensors: dict[str, Tensor]

@@ -108,24 +108,24 @@ def export_model(loaded, layout: str | None = None) -> HfExport:
         out.notes.append(f"transformers has no class for lmforge's {head_type!r} head: the backbone was exported "
                          f"({out.config['architectures'][0]}); keep the lmforge folder to use the head")
         return out
-    if layout == "gpt2":
-        from lmforge.interop import hf_gpt2
-
-        return HfExport(hf_gpt2.config_to_hf(config), hf_gpt2.state_dict_to_hf(state, config))
-    if layout == "xlnet":
-        from lmforge.interop import hf_xlnet
-
-        if loaded.head is not None:
-            raise LmforgeError(f"exporting a {head_type!r} head of an XLNet to Hugging Face is not supported; export "
-                               "the backbone (written as XLNetLMHeadModel, with its LM bias)")
-        return HfExport(hf_xlnet.config_to_hf(config), hf_xlnet.state_dict_to_hf(state))
+    if layout == "xlnet" and loaded.head is not None:
+        raise LmforgeError(f"exporting a {head_type!r} head of an XLNet to Hugging Face is not supported; export "
+                           "the backbone (written as XLNetLMHeadModel, with its LM bias)")
+    if layout in ("gpt2", "xlnet"):  # their bare export carries the LM head
+        return _export_bare(loaded, state, layout)
     if layout == "electra":
         return _export_electra(loaded, state)
     return _export_encoder(loaded, state, layout)
 
 
 def _body(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ``TaskModel`` state's backbone entries, without the prefix."""
     return {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+
+
+def _heads(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ``TaskModel`` state's head entries, without the prefix."""
+    return {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
 
 
 def _export_bare(loaded, enc: dict[str, Tensor], layout: str) -> HfExport:
@@ -160,7 +160,7 @@ def _export_encoder(loaded, state: dict, layout: str) -> HfExport:
     if head_type is None:
         enc, heads = state, None
     else:
-        enc, heads = _body(state), {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+        enc, heads = _body(state), _heads(state)
         if head_type == "mlm" and layout in ("bert", "roberta"):  # Bert/RobertaForMaskedLM have no pooler
             enc = {k: v for k, v in enc.items() if not k.startswith("pooler.")}
     if layout == "distilbert":
@@ -249,7 +249,7 @@ def _export_task(loaded, state: dict[str, Tensor], layout: str) -> HfExport:
     """A task head as its transformers class, or the backbone and a note when no class computes it."""
     config = loaded.config
     enc = _body(state)
-    head_state = {k[len("head."):]: v for k, v in state.items() if k.startswith("head.")}
+    head_state = _heads(state)
     if layout in ("bert", "roberta"):
         _check_layout(config, layout, "task")
     try:

@@ -346,9 +346,7 @@ class ByteLevelBPETokenizer(ModelInputs):
         return (4 if pair else 2) if self.wraps_texts else 0
 
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
-        if return_offsets or return_word_ids:
-            self.encode_text("")
-        ids = list(a[0])
+        ids = list(a[0])  # offsets and word ids were refused by encode_text before this
         if self.wraps_texts:
             ids = [self.bos_id, *ids, self.eos_id]
             if b is not None:
