@@ -393,3 +393,91 @@ def test_init_from_continues_a_transformer_run_and_refuses_a_size_change(prepare
     code = main(["pretrain", "--init-from", str(first), "--out", str(tmp_path / "third"), *base,
                  "--model.d_ff=64"])
     assert code != 0 and "change d_ff" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------- memories across a kill -9 (issue 38)
+_DIE_AT = """
+import os, signal, sys
+from lmforge.data.lm_stream import LMStreamData
+from lmforge.data.plm_stream import PLMStreamData
+die_at = int(os.environ["LMFORGE_TEST_DIE_AT"])
+for cls in (LMStreamData, PLMStreamData):  # SIGKILL when the die_at-th training batch is asked for
+    def wrapped(self, *args, _original=cls.__dict__["_train_batches"], **kwargs):
+        for i, batch in enumerate(_original(self, *args, **kwargs), 1):
+            if i == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield batch
+    cls._train_batches = wrapped
+from lmforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+_MEMORY_RUNS = {
+    "plm": ["--preset", "xlnet-tiny", "--objective", "plm", "--seq-len", "24", "--model.mem_len=16",
+            "--data.reuse_len=8", "--data.perm_size=8", "--data.bi_data=true"],
+    "txl": ["--preset", "transformer-xl-tiny", "--objective", "txl", "--seq-len", "16", "--model.mem_len=16"],
+}
+
+
+@pytest.mark.parametrize("objective", sorted(_MEMORY_RUNS))
+def test_kill_9_then_resume_auto_is_bit_identical_with_the_memory(prepared, tmp_path, capsys, objective):
+    """XLNet with memory and Transformer-XL: killed by SIGKILL after the step-4 checkpoint, resumed with --resume
+    auto, the run logs the same losses and ends with the same weights as the uninterrupted one (the memory the
+    checkpoint kept is the memory the run had)."""
+    from safetensors.torch import load_file
+
+    from tests.training.helpers import without_timing
+
+    args = ["pretrain", *_MEMORY_RUNS[objective], "--data", str(prepared / "data"), "--batch-size", "4", *TINY,
+            "--model.n_layers=2", "--max-steps", "6", "--save-every", "2", "--train.eval_every=0",
+            "--data.eval_fraction=0"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main([*args, "--out", str(whole)]) == 0, capsys.readouterr().err
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src"), "LMFORGE_TEST_DIE_AT": "5"}
+    proc = subprocess.run([sys.executable, "-c", _DIE_AT, "-q", *args, "--out", str(killed)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (killed / "checkpoints" / "step-4").is_dir() and not (killed / "model.safetensors").exists()
+    memory = load_trainer_state(killed / "checkpoints" / "step-4")["objective"][0]["train_memory"]
+    assert memory is not None and len(memory) == 2 and memory[0].shape[:2] == (4, 16)
+    assert main([*args, "--out", str(killed), "--resume", "auto"]) == 0, capsys.readouterr().err
+
+    def records(run):
+        return without_timing([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()])
+
+    a, b = records(whole), records(killed)
+    assert [r["step"] for r in b if "loss" in r] == list(range(1, 7)) and a == b
+    wa, wb = load_file(str(whole / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_xlnet_memory_under_two_gloo_processes_resumes_exactly(prepared, tmp_path):
+    """Each rank keeps the memory of its own rows; the checkpoint keeps both, and two processes resumed from step 2
+    end with the weights of the uninterrupted two-process run."""
+    import socket
+
+    from safetensors.torch import load_file
+
+    def launch(out, *extra):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args = [sys.executable, "-m", "lmforge", "-q", "pretrain", *_MEMORY_RUNS["plm"], "--data",
+                str(prepared / "data"), "--batch-size", "4", *TINY, "--model.n_layers=2", "--max-steps", "4",
+                "--save-every", "2", "--train.eval_every=0", "--data.eval_fraction=0", "--out", str(out), *extra]
+        procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={
+            **os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}) for r in range(2)]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    launch(whole)
+    state = load_trainer_state(whole / "checkpoints" / "step-2")
+    memories = [s["train_memory"] for s in state["objective"]]
+    assert len(memories) == 2 and memories[0][0].shape[:2] == (2, 16)  # per rank: its 2 rows x mem_len
+    assert not torch.equal(memories[0][0], memories[1][0])
+    launch(resumed, "--resume", str(whole / "checkpoints" / "step-2"))
+    wa, wb = load_file(str(whole / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

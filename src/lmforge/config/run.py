@@ -243,6 +243,14 @@ class DataConfig:
     partial_k: float = 6.0
     plm_max_span: int = 5
     num_predict: int | None = None
+    # objective plm with segment recurrence (lmforge.data.plm_stream; XLNet section 2.4): reuse_len = the first tokens
+    # of each sequence, whose states the next sequence of the same row attends as memory (the model's mem_len keeps
+    # them); None: independent packed sequences, no memory. perm_size: XLNet's local permutation (chunks of perm_size,
+    # one shuffle of the offsets); bi_data: half the rows read the stream reversed. XLNet: seq_len 512, reuse_len 256,
+    # perm_size 256, mem_len 384, bi_data true.
+    reuse_len: int | None = None
+    perm_size: int | None = None
+    bi_data: bool = False
     # objective denoise (BART, Lewis et al. 2020; lmforge.data.corruption): how the encoder's input is corrupted, each
     # a share of the tokens (permute_sentences: of the sentences; rotate_prob: a probability per example); 0 = off.
     # The defaults are BART's final mix: text infilling of 30% of the tokens in Poisson(3) spans + every sentence
@@ -306,6 +314,26 @@ class DataConfig:
             problems.append(f"num_predict={self.num_predict!r} must be an integer in [1, seq_len={self.seq_len}] (the "
                             "prediction rows per sequence cannot outnumber its tokens), or unset for "
                             "ceil(seq_len / partial_k)")
+        if self.reuse_len is not None and (isinstance(self.reuse_len, bool) or not isinstance(self.reuse_len, int)
+                                           or not 1 <= self.reuse_len < self.seq_len):
+            problems.append(f"reuse_len={self.reuse_len!r} must be an integer in [1, seq_len={self.seq_len}) (the "
+                            "tokens of a sequence whose states the next one reuses; XLNet seq_len / 2), or unset for "
+                            "no memory")
+        elif self.reuse_len is not None and self.objective != "plm":
+            problems.append(f"reuse_len applies to objective plm (XLNet with memory), not objective="
+                            f"{self.objective!r}; objective txl keeps the whole previous segment (its mem_len)")
+        if not isinstance(self.bi_data, bool):
+            problems.append(f"bi_data={self.bi_data!r} must be true or false")
+        for name in ("perm_size", "bi_data"):
+            if getattr(self, name) not in (None, False) and self.reuse_len is None:
+                problems.append(f"{name} is part of XLNet's stream with memory: set data.reuse_len too (XLNet: "
+                                "seq_len / 2)")
+        if self.perm_size is not None and self.reuse_len is not None and isinstance(self.reuse_len, int) and (
+                isinstance(self.perm_size, bool) or not isinstance(self.perm_size, int) or self.perm_size < 1
+                or self.reuse_len % self.perm_size or (self.seq_len - self.reuse_len) % self.perm_size):
+            problems.append(f"perm_size={self.perm_size!r} must be an integer >= 1 dividing both reuse_len="
+                            f"{self.reuse_len} and seq_len - reuse_len={self.seq_len - self.reuse_len} (each part is "
+                            "permuted in chunks of perm_size; XLNet: perm_size = reuse_len = seq_len / 2)")
         return problems
 
     def _denoise_problems(self) -> list[str]:

@@ -65,8 +65,19 @@ Span details and deviations from the original code:
   span's first piece instead of the current one, so its spans are ``L`` tokens in practice.
 * If the walk places no target (a short sequence and a large K), one random non-special word (token) is
   predicted, so every example has at least one target.
-* Not implemented: the original's ``perm_size`` (here the whole sequence is permuted, its usual setting), the
-  reversed sampling of its bidirectional data pipeline, and the ``leak_ratio`` of the later TF2 port
+* ``perm_size`` (the original's local permutation, ``_local_perm``): the positions are cut into chunks of
+  ``perm_size``; the chunks keep their left-to-right order and ONE random permutation of the offsets 0..perm_size-1
+  orders the positions inside every chunk (the original shuffles the rows of the (perm_size, T / perm_size) index
+  matrix). Without it (``None``) the targets are in one uniformly random order over the whole sequence; XLNet's
+  pretraining sets ``perm_size = reuse_len = seq_len / 2``, which is that for each of the two parts below.
+* Segment recurrence (``plm_memory_example``, XLNet section 2.4 and its ``reuse_len``): the sequence is two parts,
+  the first ``reuse_len`` tokens (whose states become the memory of the next sequence of the stream) and the rest.
+  Each part gets its own targets (the prediction rows shared in proportion to the parts' lengths; the original
+  halves ``num_predict`` with reuse_len = seq_len / 2) and its own factorisation order; the reused part sees
+  nothing of the rest (its states, cached, must not depend on tokens the next sequence predicts) and the rest sees
+  the whole reused part: the order is "the reused part's order, then the rest's", the original's block masks.
+* Not implemented: the reversed sampling of the original's bidirectional data pipeline (spans here are walked left
+  to right in reading order also on reversed rows), and the ``leak_ratio`` of the later TF2 port
   (tensorflow/models), which lets some targets see themselves.
 """
 
@@ -80,7 +91,7 @@ from lmforge.data.masking import IGNORE_INDEX, ngram_length_pmf
 from lmforge.errors import LmforgeError
 
 __all__ = [
-    "ORDERS", "default_num_predict", "factorization_order", "permutation_masks", "plm_example",
+    "ORDERS", "default_num_predict", "factorization_order", "permutation_masks", "plm_example", "plm_memory_example",
     "plm_span_length_pmf", "sample_prediction_spans", "sample_prediction_targets", "target_arrays",
 ]
 
@@ -222,13 +233,15 @@ def _check_targets(targets: np.ndarray, seq_len: int) -> np.ndarray:
 
 
 def factorization_order(seq_len: int, *, rng: np.random.Generator, targets: np.ndarray,
-                        order: str = "random") -> np.ndarray:
+                        order: str = "random", perm_size: int | None = None) -> np.ndarray:
     """A factorisation order: (T,) int64, a permutation of the positions, ``order[r]`` = the position at rank r.
 
     The non-targets come first, in position order (they form one context block whose inner order does not
     matter, see ``permutation_masks``); the targets follow in a uniformly random order (``"random"``), or in
     position order (``"identity"``: with every token a target this is the left-to-right order of a causal LM).
-    Only ``"random"`` draws from ``rng``.
+    With ``perm_size`` (``"random"`` only) the targets follow XLNet's local permutation instead: chunk by chunk of
+    ``perm_size`` positions, left to right, and inside every chunk the order of one random permutation of the
+    offsets (the module docstring). Only ``"random"`` draws from ``rng``.
     """
     if order not in ORDERS:
         raise LmforgeError(f"order={order!r} is not one of {', '.join(ORDERS)}")
@@ -236,9 +249,26 @@ def factorization_order(seq_len: int, *, rng: np.random.Generator, targets: np.n
         raise LmforgeError(f"seq_len={seq_len} must be >= 1")
     targets = _check_targets(targets, seq_len)
     target_positions = np.flatnonzero(targets)
-    if order == "random":
+    if order == "random" and perm_size is None:
         target_positions = rng.permutation(target_positions)
+    elif order == "random":
+        check_perm_size(perm_size, seq_len)
+        offset_rank = rng.permutation(perm_size)  # the offset at each rank, as the original's shuffled index rows
+        rank_of = np.empty(perm_size, dtype=np.int64)
+        rank_of[offset_rank] = np.arange(perm_size)
+        key = (target_positions // perm_size) * perm_size + rank_of[target_positions % perm_size]
+        target_positions = target_positions[np.argsort(key, kind="stable")]
     return np.concatenate([np.flatnonzero(~targets), target_positions]).astype(np.int64)
+
+
+def check_perm_size(perm_size: int, seq_len: int) -> int:
+    """``perm_size`` must be a positive integer dividing the length it permutes (the original reshapes by it)."""
+    if isinstance(perm_size, bool) or not isinstance(perm_size, int | np.integer) or perm_size < 1 \
+            or seq_len % perm_size:
+        raise LmforgeError(f"perm_size={perm_size!r} must be an integer >= 1 that divides the permuted length "
+                           f"{seq_len} (XLNet: perm_size = reuse_len = seq_len / 2); unset it to permute the whole "
+                           "sequence")
+    return int(perm_size)
 
 
 def permutation_masks(order: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -302,7 +332,7 @@ def target_arrays(ids: np.ndarray, targets: np.ndarray, num_predict: int) -> dic
 
 def plm_example(ids: np.ndarray, *, rng: np.random.Generator, special_mask: np.ndarray, partial_k: float = 6,
                 max_span: int = 5, num_predict: int | None = None, word_starts: np.ndarray | None = None,
-                order: str = "random") -> dict[str, np.ndarray]:
+                order: str = "random", perm_size: int | None = None) -> dict[str, np.ndarray]:
     """One PLM example: targets, then the factorisation order, then the masks (in that order of draws).
 
     Args:
@@ -314,6 +344,7 @@ def plm_example(ids: np.ndarray, *, rng: np.random.Generator, special_mask: np.n
         num_predict: N, the prediction rows and the cap on targets (``None``: ``ceil(T / K)``).
         word_starts: optional (T,) bool word starts for whole-word spans.
         order: ``"random"`` or ``"identity"`` (see ``factorization_order``).
+        perm_size: XLNet's local permutation (see ``factorization_order``); None: the whole sequence.
 
     Returns:
         A dict of numpy arrays: ``input_ids`` (T,) int64 (unchanged), ``perm_mask`` (T, T) bool (content stream),
@@ -325,7 +356,64 @@ def plm_example(ids: np.ndarray, *, rng: np.random.Generator, special_mask: np.n
     n_rows = default_num_predict(seq_len, partial_k) if num_predict is None else num_predict
     targets = sample_prediction_targets(ids, rng=rng, special_mask=special_mask, num_predict=n_rows,
                                         word_starts=word_starts, partial_k=partial_k, max_span=max_span)
-    factor_order = factorization_order(seq_len, rng=rng, targets=targets, order=order)
+    factor_order = factorization_order(seq_len, rng=rng, targets=targets, order=order, perm_size=perm_size)
     perm_mask, query_perm_mask = permutation_masks(factor_order, targets)
     return {"input_ids": ids.copy(), "perm_mask": perm_mask, "query_perm_mask": query_perm_mask,
             **target_arrays(ids, targets, n_rows), "is_target": targets, "order": factor_order}
+
+
+def plm_memory_example(ids: np.ndarray, *, reuse_len: int, rng: np.random.Generator, special_mask: np.ndarray,
+                       partial_k: float = 6, max_span: int = 5, num_predict: int | None = None,
+                       word_starts: np.ndarray | None = None, perm_size: int | None = None) -> dict[str, np.ndarray]:
+    """One PLM example of a sequence read with segment recurrence: the reused part ``ids[:reuse_len]`` and the rest,
+    each with its own targets and order (module docstring), joined by the original's block masks.
+
+    Args:
+        ids: (T,) token ids; the first ``reuse_len`` continue the previous sequence of the stream.
+        reuse_len: R, 1..T-1: the positions whose states the next sequence reuses as memory.
+        rng, special_mask, partial_k, max_span, word_starts: as ``plm_example``.
+        num_predict: N, the prediction rows of the whole sequence (``None``: ``ceil(T / K)``), shared by the parts
+            in proportion to their lengths (each part at least one row).
+        perm_size: XLNet's local permutation inside each part (it must divide R and T - R); None: each part
+            permuted as a whole.
+
+    Returns:
+        ``plm_example``'s arrays for the whole sequence: the masks (T, T) with the reused part unable to see the rest
+        and the rest seeing all of the reused part; the prediction rows of the reused part first, then the rest's
+        (so still in increasing position order); ``order`` is the reused part's order, then the rest's.
+    """
+    ids, special_mask, word_starts = _check_sequence(ids, special_mask, word_starts)
+    seq_len = len(ids)
+    if isinstance(reuse_len, bool) or not isinstance(reuse_len, int | np.integer) or not 1 <= reuse_len < seq_len:
+        raise LmforgeError(f"reuse_len={reuse_len!r} must be an integer in 1..{seq_len - 1} (fewer than the sequence's "
+                           f"{seq_len} tokens: the rest is what the sequence adds); XLNet uses seq_len / 2")
+    n_rows = default_num_predict(seq_len, partial_k) if num_predict is None else _check_num_predict(num_predict,
+                                                                                                      seq_len)
+    if n_rows < 2:
+        raise LmforgeError(f"num_predict={n_rows} must be >= 2 with reuse_len: each part of the sequence predicts")
+    bounds = ((0, reuse_len), (reuse_len, seq_len))
+    rows0 = min(max(1, round(n_rows * reuse_len / seq_len)), n_rows - 1, reuse_len)
+    shares = (rows0, min(n_rows - rows0, seq_len - reuse_len))
+    targets = np.zeros(seq_len, dtype=bool)
+    orders, masks = [], []
+    for (beg, end), rows in zip(bounds, shares, strict=True):
+        part_special = special_mask[beg:end]
+        part_targets = np.zeros(end - beg, dtype=bool)
+        if (~part_special).any():
+            part_targets = sample_prediction_targets(
+                ids[beg:end], rng=rng, special_mask=part_special, num_predict=rows,
+                word_starts=None if word_starts is None else word_starts[beg:end], partial_k=partial_k,
+                max_span=max_span)
+        if perm_size is not None:
+            check_perm_size(perm_size, end - beg)
+        part_order = factorization_order(end - beg, rng=rng, targets=part_targets, perm_size=perm_size)
+        targets[beg:end] = part_targets
+        orders.append(part_order + beg)
+        masks.append(permutation_masks(part_order, part_targets)[0])
+    perm_mask = np.ones((seq_len, seq_len), dtype=bool)  # the reused part sees nothing of the rest
+    perm_mask[:reuse_len, :reuse_len] = masks[0]
+    perm_mask[reuse_len:, :reuse_len] = False  # the rest sees the whole reused part
+    perm_mask[reuse_len:, reuse_len:] = masks[1]
+    eye = np.eye(seq_len, dtype=bool)
+    return {"input_ids": ids.copy(), "perm_mask": perm_mask, "query_perm_mask": perm_mask | eye,
+            **target_arrays(ids, targets, n_rows), "is_target": targets, "order": np.concatenate(orders)}

@@ -296,6 +296,7 @@ class XLNet(PretrainedMixin, nn.Module):
         output_attentions: bool = False,
         return_logits: str | None = None,
         logits_rows: Tensor | None = None,
+        reversed_rows: Tensor | None = None,
     ) -> XLNetOutput:
         """Run one segment, attending to the memory too.
 
@@ -323,6 +324,9 @@ class XLNet(PretrainedMixin, nn.Module):
             logits_rows: with ``return_logits``, a bool (B, T) ("content") or (B, N) ("query") mask: the scores of
                 the selected rows only, flattened in row-major order to (n, V) (the vocabulary projection then
                 runs only where something is predicted, e.g. the real prediction rows of plan "plm").
+            reversed_rows: (B,) bool, True on rows whose text is read reversed (XLNet's ``bi_data``): their relative
+                distances are negated (sin(-d f) = -sin(d f): the sine half of their encodings changes sign), so
+                they count in text order, as the original's backward position sequence.
 
         Returns:
             XLNetOutput(last_hidden_state (B, T, D), pooled_output (B, D), hidden_states, attentions,
@@ -352,7 +356,17 @@ class XLNet(PretrainedMixin, nn.Module):
             g = self.dropout(self.mask_emb.expand(B, target_mapping.shape[1], -1))  # (B, N, D)
         r = relative_positions_encoding(T, K, self.config.d_model, bidirectional=self.config.attn_type == "bi",
                                         clamp_len=self.config.clamp_len, dtype=h.dtype, device=device)
-        r = self.dropout(r)  # (R, D)
+        if reversed_rows is not None:
+            if not isinstance(reversed_rows, Tensor) or tuple(reversed_rows.shape) != (B,) \
+                    or reversed_rows.is_floating_point() or reversed_rows.is_complex():
+                got = (f"shape {tuple(reversed_rows.shape)}" if isinstance(reversed_rows, Tensor)
+                       else type(reversed_rows).__name__)
+                raise LmforgeError(f"reversed_rows must be a bool (batch={B},) tensor, True on the rows read reversed "
+                                   f"(bi_data); got {got}")
+            sign = torch.ones(self.config.d_model, dtype=r.dtype, device=device)
+            sign[: self.config.d_model // 2] = -1.0  # the distance negated: sines change sign, cosines do not
+            r = torch.where(reversed_rows.to(torch.bool)[:, None, None], r * sign, r)  # (B, R, D)
+        r = self.dropout(r)  # (R, D), or (B, R, D) with reversed_rows
 
         new_mems: list[Tensor] | None = [] if use_mems else None
         hidden_states: list[Tensor] | None = [] if output_hidden_states else None

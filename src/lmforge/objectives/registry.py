@@ -163,13 +163,17 @@ register_objective(PretrainingObjective(
 def _plm(data: Any) -> Callable:
     from lmforge.objectives.plm import PLMObjective
 
-    return PLMObjective()
+    return PLMObjective(reuse_len=getattr(data, "reuse_len", None))
 
 
 def _check_plm(config: Any, data: Any = None) -> None:
     if getattr(config, "lm_stream", "query") != "query":
         raise LmforgeError("objective plm trains the query stream, so generation must read it: unset "
                            "--model.lm_stream (or set it to query)")
+    if getattr(data, "reuse_len", None) is not None and getattr(config, "mem_len", None) is None:
+        raise LmforgeError(f"data.reuse_len={data.reuse_len} carries the states of each sequence's first reuse_len "
+                           "tokens to the next sequence as memory: set --model.mem_len too (XLNet: reuse_len 256, "
+                           "mem_len 384); mem_len=None would keep the whole stream")
 
 
 # XLNet's own LM head (head None) reads the query stream; no masking strategy: the plan "plm" draws the targets and the

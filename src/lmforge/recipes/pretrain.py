@@ -301,6 +301,10 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     def data(split: str) -> PretrainingData:
         objective = get_objective(run.data.objective)
         kind = LMStreamData if objective.plan == "stream" else PretrainingData  # the plans of a stateful LM
+        if objective.plan == "plm" and run.data.reuse_len is not None:  # XLNet with memory: a stream of sequences
+            from lmforge.data.plm_stream import PLMStreamData
+
+            kind = PLMStreamData
         if objective.plan == "denoise":  # BART's (corrupted text, text) pairs
             from lmforge.data.corruption import DenoisingData
 
