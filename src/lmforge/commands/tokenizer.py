@@ -37,6 +37,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep only the N most frequent characters")
     p.add_argument("--max-input-chars-per-word", type=Count(1, 1_000_000), default=100, metavar="N",
                    help="a longer word becomes [UNK] instead of pieces (BERT's limit)")
+    p.add_argument("--keep-newlines", action="store_true",
+                   help="make each line break a token, [NL], that decodes back to a line break (for GPTs that "
+                        "should write lines; BERT's tokenizer treats line breaks as spaces)")
     p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --out")
 
 
@@ -45,7 +48,8 @@ def run_train(args: argparse.Namespace) -> int:
     files = collect_text_files(args.input)
     trainer = WordPieceTrainer(args.vocab_size, algorithm=args.algorithm, min_frequency=args.min_frequency,
                                limit_alphabet=args.limit_alphabet, lowercase=args.lowercase,
-                               max_input_chars_per_word=args.max_input_chars_per_word, show_progress=True)
+                               max_input_chars_per_word=args.max_input_chars_per_word, show_progress=True,
+                               newline_token="[NL]" if args.keep_newlines else None)
     stats = ReadStats()
     start = time.perf_counter()
     texts = (text for _, text in read_texts(tqdm(files, desc="counting words", unit="file"), stats))

@@ -134,8 +134,13 @@ def _hard_wrapped(lines: list[str]) -> bool:
     return cut >= 0.6 * (len(lines) - 1)
 
 
-def file_documents(text: str, input_format: str) -> tuple[str, list[list[str]]]:
+def file_documents(text: str, input_format: str, line_breaks: bool = False) -> tuple[str, list[list[str]]]:
     """The documents of one file's text, each a list of sentence strings (empty ones dropped).
+
+    ``line_breaks`` (a tokenizer with a newline token): the text's line structure is kept inside each document,
+    as line breaks at the end of sentences: in the documents format a blank line ("\n\n") after each paragraph but
+    the last, in the lines format a "\n" after each line but the document's last (a hard-wrapped paragraph's lines
+    are still joined by spaces, and a texts-format document is one line).
 
     Returns:
         The format used (``"auto"`` resolved) and the documents.
@@ -143,8 +148,14 @@ def file_documents(text: str, input_format: str) -> tuple[str, list[list[str]]]:
     fmt = detect_format(text) if input_format == "auto" else input_format
     if fmt == "lines":
         docs = [[s for s in (ln.strip() for ln in block.splitlines()) if s] for block in split_paragraphs(text)]
+        if line_breaks:
+            docs = [[s + "\n" for s in doc[:-1]] + doc[-1:] for doc in docs]
     elif fmt == "documents":
-        docs = [[s for block in split_paragraphs(text) for s in split_sentences(block)]]
+        paragraphs = [split_sentences(block) for block in split_paragraphs(text)]
+        paragraphs = [p for p in paragraphs if p]
+        if line_breaks:
+            paragraphs = [p[:-1] + [p[-1] + "\n\n"] for p in paragraphs[:-1]] + paragraphs[-1:]
+        docs = [[s for p in paragraphs for s in p]]
     elif fmt == "texts":
         docs = [split_sentences(ln.strip()) for ln in text.splitlines() if ln.strip()]
     else:
@@ -199,7 +210,7 @@ def _process_job(job: _Job) -> _FileResult:
     data = _read_range(path, start, end)
     check_not_binary(data, path)
     text, replaced = decode_utf8(data)
-    fmt, docs = file_documents(text, fmt or _WORKER["format"])
+    fmt, docs = file_documents(text, fmt or _WORKER["format"], line_breaks=tok.newline_id is not None)
     dtype = _WORKER["dtype"]
     ids = array("H" if dtype.itemsize == 2 else "I")  # 2 or 4 bytes per token, not a list's ~36
     sent_lens: list[int] = []

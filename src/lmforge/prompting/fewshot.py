@@ -338,6 +338,11 @@ def _generate(lm: CausalLM, tokenizer: Any, builder: PromptBuilder, test: list[E
     end = document_end_id(tokenizer)
     pad = getattr(tokenizer, "pad_id", None)
     pad = pad if isinstance(pad, int) else 0
+    if hasattr(tokenizer, "newline_id") and tokenizer.newline_id is None and any("\n" in s for s in config.stop):
+        log.warning("the stop string(s) %s hold a line break, which this WordPiece tokenizer never writes (it reads "
+                    "line breaks as spaces): answers end only at the end-of-document token or --max-new-tokens. "
+                    "Give --stop a visible string, or train the tokenizer with --keep-newlines",
+                    ", ".join(repr(s) for s in config.stop))
     device = _device(lm.model)
     prompts = [builder.build(demos[i], ex.text, ex.text_pair, where=f"test example {i + 1}")
                for i, ex in enumerate(test)]

@@ -72,12 +72,14 @@ class WordPieceTrainer:
         special_tokens: the first tokens of the vocabulary, in order.
         max_input_chars_per_word: longer words are left out (the encoder makes them ``[UNK]``).
         show_progress: show tqdm progress bars.
+        newline_token: a special token for line breaks (``WordPieceTokenizer``'s ``newline_token``), added after
+            ``special_tokens``; None: line breaks are spaces, as BERT's.
     """
 
     def __init__(self, vocab_size: int = 30_000, *, algorithm: str = "wordpiece", min_frequency: int = 2,
                  limit_alphabet: int | None = None, lowercase: bool = True,
                  special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS, max_input_chars_per_word: int = 100,
-                 show_progress: bool = False) -> None:
+                 show_progress: bool = False, newline_token: str | None = None) -> None:
         if algorithm not in ALGORITHMS:
             raise LmforgeError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}")
         if vocab_size < 1:
@@ -98,6 +100,9 @@ class WordPieceTrainer:
         self.limit_alphabet = limit_alphabet
         self.lowercase = lowercase
         self.special_tokens = list(special_tokens)
+        self.newline_token = newline_token
+        if newline_token is not None and newline_token not in self.special_tokens:
+            self.special_tokens.append(newline_token)
         self.max_input_chars_per_word = max_input_chars_per_word
         self.show_progress = show_progress
         self.basic = BasicTokenizer(lowercase=lowercase)
@@ -147,7 +152,8 @@ class WordPieceTrainer:
         self.merges = []
         self._learn(words, wcount, units, unit_id, vocab, specials)
         return WordPieceTokenizer(vocab, lowercase=self.lowercase, special_tokens=self.special_tokens,
-                                  max_input_chars_per_word=self.max_input_chars_per_word)
+                                  max_input_chars_per_word=self.max_input_chars_per_word,
+                                  newline_token=self.newline_token)
 
     def _alphabet(self, counts: Mapping[str, int]) -> set[str]:
         freq: Counter[str] = Counter()

@@ -190,6 +190,10 @@ class WordPieceTokenizer(ModelInputs):
         unk_token, cls_token, sep_token, pad_token, mask_token: the tokens playing each role.
         max_input_chars_per_word: longer words become ``[UNK]``.
         model_max_length: the default ``max_length`` of truncation.
+        newline_token: a token that each line break of the text becomes (``"\n"`` or ``"\r\n"``), and that decodes
+            back to ``"\n"``: BERT's basic tokenizer treats line breaks as spaces, so a GPT trained on its pieces
+            could never write one (``lmforge tokenizer train --keep-newlines`` adds ``[NL]``). None: BERT's
+            behaviour. The token is special (never split, masked or predicted by the masked objectives).
     """
 
     def __init__(self, vocab: dict[str, int] | Sequence[str], *, lowercase: bool = True,
@@ -197,7 +201,7 @@ class WordPieceTokenizer(ModelInputs):
                  special_tokens: Sequence[str] = DEFAULT_SPECIAL_TOKENS, unk_token: str = "[UNK]",
                  cls_token: str = "[CLS]", sep_token: str = "[SEP]", pad_token: str = "[PAD]",
                  mask_token: str = "[MASK]", max_input_chars_per_word: int = 100,
-                 model_max_length: int = 512) -> None:
+                 model_max_length: int = 512, newline_token: str | None = None) -> None:
         if not isinstance(vocab, dict):
             vocab = {tok: i for i, tok in enumerate(vocab)}
         if not vocab:
@@ -213,13 +217,16 @@ class WordPieceTokenizer(ModelInputs):
         self.pad_token, self.mask_token = pad_token, mask_token
         roles = {"unk_token": unk_token, "cls_token": cls_token, "sep_token": sep_token,
                  "pad_token": pad_token, "mask_token": mask_token}
+        if newline_token is not None:
+            roles["newline_token"] = newline_token
+        self.newline_token = newline_token
         self.special_tokens = list(dict.fromkeys([*special_tokens, *roles.values()]))
         missing = [t for t in self.special_tokens if t not in self.vocab]
         if missing:
             raise LmforgeError(
                 f"the vocabulary lacks the special token(s) {', '.join(missing)}; add them to vocab.txt "
                 "(one per line) or name the tokens it uses for these roles "
-                "(unk_token=, cls_token=, sep_token=, pad_token=, mask_token=)")
+                "(unk_token=, cls_token=, sep_token=, pad_token=, mask_token=, newline_token=)")
         self.max_input_chars_per_word = max_input_chars_per_word
         self.model_max_length = model_max_length
         self.padding_side = "right"
@@ -229,8 +236,11 @@ class WordPieceTokenizer(ModelInputs):
         self.special_ids = frozenset(self.vocab[t] for t in self.special_tokens)
         # Longest piece, to bound the greedy search (in characters, without the ## prefix).
         self._max_piece = max((len(t) - 2 if t.startswith("##") else len(t)) for t in self.vocab)
-        alternatives = sorted(self.special_tokens, key=len, reverse=True)
-        self._special_re = re.compile("|".join(map(re.escape, alternatives)))
+        self.newline_id = None if newline_token is None else self.vocab[newline_token]
+        alternatives = [re.escape(t) for t in sorted(self.special_tokens, key=len, reverse=True)]
+        if newline_token is not None:
+            alternatives.append(r"\r?\n")  # each line break is the newline token
+        self._special_re = re.compile("|".join(alternatives))
         self._cache: dict[str, _Entry] = {}
         self._ids_cache: dict[str, tuple[int, ...]] = {}  # raw word -> piece ids, for encode_ids
         self.cache_size = 200_000
@@ -307,10 +317,16 @@ class WordPieceTokenizer(ModelInputs):
         ids: list[int] = []
         for start, end, special in self._segments(text):
             if special:
-                ids.append(self.vocab[text[start:end]])
+                ids.append(self._special_id(text[start:end]))
             else:
                 ids.extend(self._ids_of_raw_words(self.basic.pattern.findall(text, start, end)))
         return ids
+
+    def _special_id(self, written: str) -> int:
+        """The id of a special token written in the text (a line break: the newline token's)."""
+        if self.newline_id is not None and written in ("\n", "\r\n"):
+            return self.newline_id
+        return self.vocab[written]
 
     def _ids_of_raw_words(self, raws: list[str]) -> list[int]:
         lookup = self._ids_cache.__getitem__
@@ -328,7 +344,7 @@ class WordPieceTokenizer(ModelInputs):
         finditer, cache, entry = self.basic.pattern.finditer, self._cache, self._entry
         for start, end, special in self._segments(text) if text else ():
             if special:
-                ids.append(self.vocab[text[start:end]])
+                ids.append(self._special_id(text[start:end]))
                 offsets.append((start, end))
                 words.append(n_words)
                 n_words += 1
@@ -394,17 +410,22 @@ class WordPieceTokenizer(ModelInputs):
         """Turn ids back into text: pieces joined into words, words separated by one space.
 
         Decoding inverts encoding up to normalisation: ``decode(encode(text))`` is the normalised text with
-        one space between words (punctuation is a word), unless a word became ``[UNK]``.
+        one space between words (punctuation is a word), unless a word became ``[UNK]``. The newline token (if the
+        tokenizer has one) decodes to a line break, with no space beside it, also when special tokens are skipped.
         """
-        words: list[str] = []
+        lines: list[list[str]] = [[]]
         for i, tok in zip(_as_list(ids), self.convert_ids_to_tokens(ids), strict=True):
+            if i == self.newline_id:
+                lines.append([])
+                continue
             if skip_special_tokens and i in self.special_ids:
                 continue
+            words = lines[-1]
             if tok.startswith("##") and words:
                 words[-1] += tok[2:]
             else:
                 words.append(tok)
-        return " ".join(words)
+        return "\n".join(" ".join(words) for words in lines)
 
     def batch_decode(self, sequences: Any, skip_special_tokens: bool = True) -> list[str]:
         """``decode`` of each row of a batch (a list of id lists, or a (B, T) tensor or array), as Hugging Face's
@@ -423,7 +444,8 @@ class WordPieceTokenizer(ModelInputs):
             "cls_token": self.cls_token, "mask_token": self.mask_token,
             "model_max_length": self.model_max_length,
             "lmforge": {"special_tokens": self.special_tokens,
-                        "max_input_chars_per_word": self.max_input_chars_per_word},
+                        "max_input_chars_per_word": self.max_input_chars_per_word,
+                        **({} if self.newline_token is None else {"newline_token": self.newline_token})},
         }
 
     def save_pretrained(self, directory: str | Path, overwrite: bool = False) -> Path:
@@ -512,6 +534,11 @@ def _kwargs_from_config(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
         if type(value) is not int:
             raise InputFileError(f"{path}: lmforge.max_input_chars_per_word must be an integer, got {value!r:.60}")
         kwargs["max_input_chars_per_word"] = value
+    if "newline_token" in ours:
+        value = ours["newline_token"]
+        if not isinstance(value, str) or not value:
+            raise InputFileError(f"{path}: lmforge.newline_token must be a token (a string), got {value!r:.60}")
+        kwargs["newline_token"] = value
     return kwargs
 
 
