@@ -166,6 +166,43 @@ def test_query_stream_matches_slow_reference():
     torch.testing.assert_close(got.output_g, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize(("bidirectional", "norm_first"), [(True, False), (False, False), (True, True)])
+def test_query_stream_on_its_predicted_positions_equals_the_stream_at_all_positions(bidirectional, norm_first,
+                                                                                     monkeypatch):
+    """Issue 39: with a one-hot target_mapping the query stream attends from its N predicted positions only; its
+    outputs and gradients equal the all-T computation (forced by disabling the one-hot path), a padding row too."""
+    from lmforge.nn import relative
+
+    m = _module(norm_first=norm_first)
+    h, mems, diff_seg = _inputs()
+    r = _encoding(T, K, bidirectional)
+    allowed = _not_self()
+    if not bidirectional:
+        allowed &= torch.ones(T, K, dtype=torch.bool).tril(M)
+    mapping = torch.zeros(B, 3, T, dtype=torch.float64)
+    mapping[0, 0, 2], mapping[0, 1, 0], mapping[1, 0, 1] = 1.0, 1.0, 1.0  # row 1 of batch 1 and rows 2: padding
+    g = torch.randn(B, 3, D, dtype=torch.float64)
+
+    def run():
+        gg = g.clone().requires_grad_(True)
+        out = m(h, r, mems=mems, attn_mask=allowed, seg_mat=diff_seg, g=gg, attn_mask_g=allowed,
+                target_mapping=mapping)
+        (out.output_g.square().sum() + out.output_h.sum()).backward()
+        grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        return out.output_g.detach(), gg.grad, grads
+
+    fast = run()
+    assert relative._one_hot_rows(mapping) is not None
+    monkeypatch.setattr(relative, "_one_hot_rows", lambda mapping: None)
+    slow = run()
+    torch.testing.assert_close(fast[0], slow[0], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(fast[1], slow[1], rtol=1e-10, atol=1e-10)
+    for a, b in zip(fast[2], slow[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert relative._one_hot_rows(mapping * 0.5) is None  # a row that mixes positions takes the all-T path
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Memory and the two streams.
 # ------------------------------------------------------------------------------------------------------------------

@@ -100,6 +100,16 @@ def rel_shift(x: Tensor, k_len: int) -> Tensor:
     return y.reshape(*lead, T, R - 1)[..., :k_len]  # (..., T, K)
 
 
+def _one_hot_rows(target_mapping: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(position (B, N), real (B, N) 0/1) when every row of ``target_mapping`` is one-hot or all zero (a padding
+    row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T)."""
+    top, pos = target_mapping.max(dim=-1)  # (B, N)
+    total = target_mapping.sum(dim=-1)
+    if not bool((((top == 1) & (total == 1)) | ((top == 0) & (total == 0))).all()):
+        return None
+    return pos, total
+
+
 class RelativeAttentionOutput(NamedTuple):
     """What ``RelativeMultiHeadAttention`` returns.
 
@@ -229,6 +239,33 @@ class RelativeMultiHeadAttention(nn.Module):
         dropped = dropout(weights, self.attn_dropout, self.training)
         return dropped @ v, weights  # (B, H, T, Dh), (B, H, T, K)
 
+    def _attend_rows(
+        self, q: Tensor, k: Tensor, v: Tensor, k_r: Tensor, seg: Tensor | None, allowed: Tensor | None, pos: Tensor,
+        T: int,
+    ) -> Tensor:
+        """``_attend`` for N queries each at ONE position ``pos`` (B, N) of the T: the query stream on its predicted
+        positions only (XLNet computes it at all T and keeps N). Query n at position t scores key j against the
+        encoding row ``T - t + j`` (``rel_shift``'s row), read with a gather; its segment and mask rows are the
+        position's rows. Same values as ``_attend`` at those positions; O(N K) instead of O(T K).
+
+        q (B, H, N, Dh); k, v (B, H, K, Dh); k_r (B|1, H, R, Dh); seg, allowed (B|1, 1, T, K); returns (B, H, N, Dh).
+        """
+        B, H, N, _ = q.shape
+        K, R = k.shape[-2], k_r.shape[-2]
+        scores = (q + self.r_w_bias[:, None]) @ k.transpose(-2, -1)  # (B, H, N, K) content
+        by_row = (q + self.r_r_bias[:, None]) @ k_r.transpose(-2, -1)  # (B, H, N, R)
+        index = ((T - pos)[:, :, None] + torch.arange(K, device=q.device)).clamp(max=R - 1)  # (B, N, K); > R - 1:
+        scores = scores + by_row.gather(-1, index[:, None].expand(B, H, N, K))  # causal keys, masked anyway
+
+        def rows(x: Tensor) -> Tensor:  # (B|1, 1, T, K) -> (B, 1, N, K): each query's position's row
+            return x.expand(B, 1, T, K).gather(2, pos[:, None, :, None].expand(B, 1, N, K))
+
+        if seg is not None:
+            e = (q + self.r_s_bias[:, None]) @ self.seg_embed.permute(1, 2, 0)  # (B, H, N, 2)
+            scores = scores + torch.where(rows(seg), e[..., 1:], e[..., :1])
+        weights = masked_softmax(scores * self.d_head**-0.5, None if allowed is None else rows(allowed))
+        return dropout(weights, self.attn_dropout, self.training) @ v  # (B, H, N, Dh)
+
     def _post(self, x: Tensor, vec: Tensor) -> Tensor:
         # vec (B, H, L, Dh) -> projected, dropout, residual x (B, L, D), LayerNorm (post-LN only).
         out = torch.einsum("bhle,dhe->bld", vec, self.o)  # (B, L, D)
@@ -318,6 +355,12 @@ class RelativeMultiHeadAttention(nn.Module):
                 self._check("g", g, (B, N, D), f"(batch={B}, predictions={N}, d_model={D}) like target_mapping")
             allowed_g = self._check_mask("attn_mask_g", attn_mask_g, B, T, K)
             q_g = heads(self.layer_norm(g) if self.norm_first else g, self.q)  # (B, H, N, Dh)
+            one_hot = None if target_mapping is None or need_weights else _one_hot_rows(target_mapping)
+            if one_hot is not None:  # each prediction at one position (or a padding row): N queries, not T
+                pos, real = one_hot
+                vec_g = self._attend_rows(q_g, k, v, k_r, seg, allowed_g, pos, T)
+                output_g = self._post(g, vec_g * real[:, None, :, None].to(vec_g.dtype))  # padding rows: no context
+                return RelativeAttentionOutput(output_h, output_g, weights_h if need_weights else None, None)
             if target_mapping is not None:
                 q_g = torch.einsum("bhne,bnt->bhte", q_g, target_mapping.to(q_g.dtype))  # (B, H, T, Dh)
             vec_g, weights_g = self._attend(q_g, k, v, k_r, seg, allowed_g)  # (B, H, T, Dh)
