@@ -27,8 +27,9 @@ def bilm_run(tmp_path_factory, bbc_dir):
     corpus.mkdir()
     for path in sorted((bbc_dir / "business").glob("*.txt"))[:8]:
         (corpus / path.name).write_bytes(path.read_bytes())
+    # elmo-small reads whole words (input_unit "word"): a word-level vocabulary, the other words [UNK]
     assert main(["-q", "tokenizer", "train", "--input", str(corpus), "--vocab-size", "400", "--out",
-                 str(root / "tok"), "--algorithm", "bpe-count"]) == 0
+                 str(root / "tok"), "--algorithm", "words", "--min-frequency", "1"]) == 0
     assert main(["-q", "data", "prepare", "--tokenizer", str(root / "tok"), "--input", str(corpus), "--out",
                  str(root / "data"), "--workers", "1"]) == 0
     out = root / "run"
@@ -49,6 +50,9 @@ def test_pretraining_logs_both_perplexities_and_saves_a_spelled_bilm(bilm_run):
     loaded = load_pretrained(bilm_run)
     assert loaded.config.arch == "bilm" and loaded.tokenizer is not None
     assert int(loaded.model.token_chars[loaded.tokenizer.cls_id, 1]) != 0  # the vocabulary was spelled
+    # the paper's biLM: whole words, LSTM cells and projections clipped at 3
+    assert (loaded.config.input_unit, loaded.config.cell_clip, loaded.config.proj_clip) == ("word", 3.0, 3.0)
+    assert not any(t.startswith("##") for t in loaded.tokenizer.ids_to_tokens)
 
 
 def test_embed_mixes_the_bilm_layers(bilm_run, tmp_path):
@@ -102,3 +106,36 @@ def test_the_sampled_softmax_ranks_the_corpus_tokens_for_its_log_uniform_sampler
     order = backbone.frequency_order.tolist()
     assert counts[order[0]] == counts.max()
     assert all(counts[a] >= counts[b] for a, b in zip(order[:50], order[1:51], strict=True))
+
+
+def test_a_piece_corpus_is_refused_for_a_word_level_bilm_and_read_with_input_unit_piece(bilm_run, tmp_path, capsys):
+    root = bilm_run.parent
+    assert main(["-q", "tokenizer", "train", "--input", str(root / "corpus"), "--vocab-size", "300", "--out",
+                 str(tmp_path / "tok"), "--algorithm", "bpe-count"]) == 0
+    assert main(["-q", "data", "prepare", "--tokenizer", str(tmp_path / "tok"), "--input", str(root / "corpus"),
+                 "--out", str(tmp_path / "data"), "--workers", "1"]) == 0
+    args = ["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--input", str(tmp_path / "data"),
+            "--max-steps", "1", "--batch-size", "2", "--seq-len", "8", *TINY]
+    assert main([*args, "--out", str(tmp_path / "words")]) != 0
+    assert "--algorithm words" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "pieces"), "--model.input_unit=piece"]) == 0
+
+
+def test_kill_and_resume_continues_both_carried_states_exactly(bilm_run, tmp_path, capsys):
+    # each direction's LSTM state is checkpointed: the steps after a resume equal the uninterrupted run's
+    from lmforge.training import load_trainer_state
+
+    args = ["-q", "pretrain", "--preset", "elmo-small", "--objective", "bilm", "--input",
+            str(bilm_run.parent / "data"), "--batch-size", "2", "--seq-len", "8", *TINY, "--max-steps", "4",
+            "--save-every", "2", "--train.eval_every=0", "--data.eval_fraction=0"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0, capsys.readouterr().err
+    state = load_trainer_state(tmp_path / "whole" / "checkpoints" / "step-2")["objective"][0]["train_state"]
+    assert set(state) == {"forward", "backward"} and tuple(state["backward"][1][1].shape) == (1, 2, 32)
+    assert main([*args, "--out", str(tmp_path / "resumed"), "--resume",
+                 str(tmp_path / "whole" / "checkpoints" / "step-2")]) == 0, capsys.readouterr().err
+
+    def train(run):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r]
+
+    assert train(tmp_path / "resumed") == [r for r in train(tmp_path / "whole") if r[0] > 2]

@@ -77,3 +77,23 @@ def test_a_corpus_too_small_for_the_bptt_length_is_a_clear_error(corpus, tokeniz
     with pytest.raises(LmforgeError, match=r"fewer than one BPTT window of data.seq_len=4000 \+ 1; add text, or "
                                            r"lower --seq-len or --micro-batch-size"):
         next(data.batches(4))
+
+
+def test_bidirectional_windows_give_the_backward_lm_its_own_stream_from_the_end(corpus, tokenizer):
+    # the biLM: the forward window as usual, and the backward window of the same position counted from the rows'
+    # ends (what reverse=True gives), in text order with the previous tokens as labels
+    data = stream_data(corpus, tokenizer)
+    data.bidirectional = True
+    backward = stream_data(corpus, tokenizer, reverse=True)
+    rows = data.rows(3, epoch=0)
+    W = rows.shape[1]
+    for k, (batch, reference) in enumerate(zip(data.batches(3), backward.batches(3), strict=False)):  # endless
+        if k == 3:
+            break
+        np.testing.assert_array_equal(batch["input_ids"].numpy(), rows[:, 8 * k:8 * k + 8])
+        bx, by = batch["backward_input_ids"].numpy(), batch["backward_labels"].numpy()
+        np.testing.assert_array_equal(bx, rows[:, W - 8 * (k + 1):W - 8 * k])  # right to left through the rows
+        np.testing.assert_array_equal(by, rows[:, W - 8 * (k + 1) - 1:W - 8 * k - 1])  # the previous tokens
+        np.testing.assert_array_equal(bx, reference["input_ids"].numpy())
+        np.testing.assert_array_equal(by, reference["labels"].numpy())
+        assert "backward" not in batch and batch["reset"].tolist() == [int(k == 0)] * 3

@@ -169,7 +169,7 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 def test_elmo_encoder_freezes_the_bilm_and_trains_the_mix(tmp_path):
-    encoder = ELMoEncoder.wrap(bilm(), elmo_layer_norm=True).train()
+    encoder = ELMoEncoder.wrap(bilm(), elmo_layer_norm=True, elmo_token_dim=0).train()
     assert encoder.config.arch == "elmo" and encoder.config.elmo_layer_norm
     assert not encoder.bilm.training and not any(p.requires_grad for p in encoder.bilm.parameters())
     ids = torch.randint(5, V, (3, 7))
@@ -198,7 +198,9 @@ def test_the_task_token_vector_beside_elmo_trains_and_the_bilm_does_not():
     out.pooled_output.sum().backward()
     assert encoder.token_embeddings.weight.grad is not None
     assert all(p.grad is None for p in encoder.bilm.parameters())
-    assert ELMoEncoder.wrap(bilm()).token_embeddings is None  # default: ELMo_k alone
+    # a new encoder's default: the paper's [x_k; ELMo_k], x_k as wide as the biLM's token layer (d_model = 12)
+    assert ELMoEncoder.wrap(bilm()).token_embeddings.weight.shape == (V, 12)
+    assert ELMoEncoder.wrap(bilm(), elmo_token_dim=0).token_embeddings is None  # ELMo_k alone
     with pytest.raises(LmforgeError, match="elmo_token_dim=-1"):
         ELMoEncoder.wrap(bilm(), elmo_token_dim=-1)
 
@@ -221,8 +223,12 @@ def test_presets_and_the_objective_entry():
     original = model_config_from_preset("elmo-original", vocab_size=V)
     assert (original.n_layers, original.d_cell, original.d_model, original.n_highway) == (2, 4096, 512, 2)
     assert sum(n for _, n in original.char_filters) == 2048 and original.max_chars_per_token == 50
+    assert (original.input_unit, original.cell_clip, original.proj_clip) == ("word", 3.0, 3.0)  # bilm-tf's
+    small = model_config_from_preset("elmo-small", vocab_size=V)
+    assert (small.input_unit, small.cell_clip, small.proj_clip) == ("word", 3.0, 3.0)
     objective = get_objective("bilm")
-    assert objective.arch == "bilm" and objective.plan == "causal" and objective.head is None
+    assert objective.arch == "bilm" and objective.plan == "stream" and objective.head is None
+    assert objective.build_loss(None, {"carry_states": False}).carry_states is False
 
 
 # ------------------------------------------------------------------------------------------ the log-uniform sampler
@@ -276,3 +282,115 @@ def test_token_counts_rank_the_vocabulary_and_the_sampler_reads_them():
     assert "frequency_order" not in model.state_dict()  # rebuilt from the corpus, never saved
     with pytest.raises(LmforgeError, match="softmax_sampler='zipf'"):
         tiny(softmax_sampler="zipf")
+
+
+# ------------------------------------------------------------------------------------- clipping (bilm-tf: 3 and 3)
+def test_clipped_bilm_keeps_the_keys_and_without_effective_clipping_equals_nn_lstm():
+    from lmforge.nn.lstmp import ClippedLSTMP
+
+    plain, clipped = bilm(), bilm(cell_clip=1e6, proj_clip=1e6)
+    assert isinstance(clipped.layers[0]["forward_lstm"], ClippedLSTMP)
+    assert isinstance(plain.layers[0]["forward_lstm"], torch.nn.LSTM)
+    clipped.load_state_dict(plain.state_dict())  # the same keys: a folder loads either way
+    ids = torch.randint(5, V, (3, 7))
+    mask = torch.ones(3, 7)
+    mask[1, 4:] = 0
+    mask[2, :2] = 0  # padding first: the rows are compacted
+    with torch.no_grad():
+        torch.testing.assert_close(clipped(ids, mask).last_hidden_state, plain(ids, mask).last_hidden_state,
+                                   atol=1e-5, rtol=0)
+        a, b = clipped.forward_lm(ids, mask), plain.forward_lm(ids, mask)
+        torch.testing.assert_close(a.last_hidden_state, b.last_hidden_state, atol=1e-5, rtol=0)
+        for (h1, c1), (h2, c2) in zip(a.state, b.state, strict=True):
+            torch.testing.assert_close(h1, h2, atol=1e-5, rtol=0)
+            torch.testing.assert_close(c1, c2, atol=1e-5, rtol=0)
+
+
+def test_clipping_bounds_every_layer_output_and_the_padding_rows_run_alone():
+    model = bilm(cell_clip=0.05, proj_clip=0.02)
+    ids = torch.randint(5, V, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        out = model(ids, mask, output_hidden_states=True)
+        layer1 = out.hidden_states[1]  # [f_1; b_1]: projected outputs, clipped (no residual below layer 2)
+        assert layer1.abs().max() <= 0.02 + 1e-7
+        alone = model(ids[1:, :3]).last_hidden_state
+    torch.testing.assert_close(out.last_hidden_state[1, :3], alone[0])
+
+
+# ------------------------------------------------------------------------------ states carried across stream windows
+def stream_windows(x: torch.Tensor, T: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive windows of rows x (B, N*T + 1) as LMStreamData(bidirectional) gives them: forward left to right,
+    backward from the rows' ends to their starts (each in text order, labels = the previous tokens)."""
+    n = (x.shape[1] - 1) // T
+    flipped = x.flip(1)
+    return [{"input_ids": x[:, k * T:(k + 1) * T], "labels": x[:, k * T + 1:(k + 1) * T + 1],
+             "backward_input_ids": flipped[:, k * T:(k + 1) * T].flip(1),
+             "backward_labels": flipped[:, k * T + 1:(k + 1) * T + 1].flip(1),
+             "reset": torch.full((x.shape[0],), int(k == 0))} for k in range(n)]
+
+
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_carried_states_make_consecutive_windows_one_long_window(clip):
+    model = bilm(cell_clip=clip, proj_clip=clip)
+    torch.manual_seed(3)
+    x = torch.randint(5, V, (2, 3 * 4 + 1))
+    state, f_sum, b_sum = None, 0.0, 0.0
+    with torch.no_grad():
+        for w in stream_windows(x, 4):
+            out = model(w["input_ids"], stream={**{k: w[k] for k in ("labels", "backward_input_ids",
+                                                                     "backward_labels")}, "state": state})
+            state, f_sum, b_sum = out.state, f_sum + out.forward_nll, b_sum + out.backward_nll
+        whole = model(x, lm_loss=True)  # one block of 13 tokens: 12 predictions per direction, from zero states
+    torch.testing.assert_close(f_sum, whole.forward_nll, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(b_sum, whole.backward_nll, atol=1e-4, rtol=1e-5)
+    assert int(out.n_predictions) == 2 * 4
+
+
+def test_the_objective_carries_resets_keeps_train_and_eval_apart_and_checkpoints_its_state():
+    from lmforge.objectives.bilm import BiLMObjective
+
+    model = bilm(cell_clip=3.0, proj_clip=3.0)
+    torch.manual_seed(4)
+    x = torch.randint(5, V, (2, 3 * 4 + 1))
+    windows = stream_windows(x, 4)
+    objective = BiLMObjective()
+    with torch.no_grad():
+        losses = [objective(model, w).losses["lm"][0] for w in windows]
+        whole = model(x, lm_loss=True)
+    torch.testing.assert_close(sum(losses), (whole.forward_nll + whole.backward_nll) / 2, atol=1e-4, rtol=1e-5)
+    assert objective.state(False) is not None and objective.state(True) is None  # eval state only (model.eval())
+    # a checkpoint of the training state restores it exactly: the resumed objective's next window is the same
+    model.train()
+    first = BiLMObjective()
+    first(model, windows[0])
+    saved = first.state_dict()
+    assert saved["train_state"]["forward"][0][0].shape == (1, 2, 12)
+    resumed = BiLMObjective()
+    resumed.load_state_dict(saved)
+    with torch.no_grad():
+        torch.testing.assert_close(resumed(model, windows[1]).losses["lm"][0],
+                                   first(model, windows[1]).losses["lm"][0])
+        # reset, or another number of rows, starts from zeros; so does carry_states=False
+        fresh = BiLMObjective(carry_states=False)
+        again = fresh(model, windows[1]).losses["lm"][0]
+        assert not torch.allclose(again, first(model, windows[1]).losses["lm"][0])
+        torch.testing.assert_close(first(model, {**windows[1], "reset": torch.ones(2)}).losses["lm"][0], again)
+        one_row = {k: v[:1] for k, v in windows[1].items()}
+        torch.testing.assert_close(first(model, {**one_row, "reset": torch.zeros(1)}).losses["lm"][0],
+                                   BiLMObjective(carry_states=False)(model, one_row).losses["lm"][0])
+    assert fresh.state(True) is None and fresh.state_dict() == {"train_state": None}
+
+
+# ------------------------------------------------------------------------------------------------- word-level input
+def test_a_word_level_bilm_refuses_a_piece_vocabulary():
+    model = BiLM(tiny(input_unit="word"))
+    model.set_vocabulary(TOKENS)  # whole words: fine
+    with pytest.raises(LmforgeError, match=r"input_unit='word'.*--algorithm words.*input_unit=piece"):
+        model.set_vocabulary(TOKENS[:-1] + ["##s"])
+    BiLM(tiny()).set_vocabulary(TOKENS[:-1] + ["##s"])  # a folder without the key reads pieces, as before
+    with pytest.raises(LmforgeError, match="input_unit='letters'"):
+        tiny(input_unit="letters")
+    with pytest.raises(LmforgeError, match="cell_clip=-1"):
+        tiny(cell_clip=-1)
+    assert isinstance(BiLM(tiny(cell_clip=0, proj_clip=0)).layers[0]["forward_lstm"], torch.nn.LSTM)  # 0: off

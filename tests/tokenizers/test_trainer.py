@@ -168,3 +168,16 @@ def test_bad_training_options():
         WordPieceTrainer(100, algorithm="unigram")
     with pytest.raises(LmforgeError, match="must include"):
         WordPieceTrainer(100, special_tokens=["[PAD]"])
+
+
+def test_the_words_algorithm_keeps_the_most_frequent_whole_words_and_makes_the_rest_unk():
+    texts = ["The cat sat; the cat ran.", "A dog sat, the dog ran!", "zebra"]
+    trainer = WordPieceTrainer(5 + 4, algorithm="words", min_frequency=2)
+    tok = trainer.train(texts)
+    # seen twice or more: the (3), cat, dog, ran, sat (2 each); 4 places: by count, then by the word
+    assert tok.ids_to_tokens[5:] == ["the", "cat", "dog", "ran"]
+    # BERT's basic splitting and lower-casing; a known word stays whole, any other is one [UNK]
+    assert tok.tokenize("The CAT ran, zebras sat") == ["the", "cat", "ran", "[UNK]", "[UNK]", "[UNK]"]
+    assert trainer.report["words_used"] == 4 and trainer.report["unknown_token_rate"] == round(1 - 9 / 17, 6)
+    with pytest.raises(LmforgeError, match="vocab_size=5 leaves no room"):
+        WordPieceTrainer(5, algorithm="words").train(texts)

@@ -29,10 +29,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=Count(1, 10_000_000), required=True, metavar="N", help="tokens to reach")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt and tokenizer_config.json")
     p.add_argument("--algorithm", choices=ALGORITHMS, default="wordpiece",
-                   help="wordpiece: merge by freq(ab)/(freq(a)freq(b)); bpe-count: merge by freq(ab)")
+                   help="wordpiece: merge by freq(ab)/(freq(a)freq(b)); bpe-count: merge by freq(ab); words: a "
+                        "word-level vocabulary (the most frequent whole words, others [UNK]: ELMo's biLM input)")
     p.add_argument("--no-lowercase", dest="lowercase", action="store_false",
                    help="keep case and accents (a cased vocabulary)")
-    p.add_argument("--min-frequency", type=Count(1), default=2, metavar="K", help="never merge rarer pairs")
+    p.add_argument("--min-frequency", type=Count(1), default=2, metavar="K",
+                   help="never merge rarer pairs (words: leave out rarer words)")
     p.add_argument("--limit-alphabet", type=Count(1), default=None, metavar="N",
                    help="keep only the N most frequent characters")
     p.add_argument("--max-input-chars-per-word", type=Count(1, 1_000_000), default=100, metavar="N",
@@ -66,9 +68,14 @@ def run_train(args: argparse.Namespace) -> int:
         atomic_write_text(tmp / "training_report.json", json.dumps(report, indent=2) + "\n")
         atomic_write_text(tmp / "merges.tsv", "left\tright\tmerged\tscore\tcount\n" + "\n".join(lines) + "\n")
     print(f"read {stats.summary()}")
-    print(f"{args.algorithm}: {tokenizer.vocab_size} tokens ({trainer.report['alphabet']} alphabet units, "
-          f"{len(trainer.merges)} merges) from {trainer.report['distinct_words']} distinct words "
-          f"in {seconds:.1f} s")
+    if args.algorithm == "words":
+        print(f"words: {tokenizer.vocab_size} tokens ({trainer.report['words_used']} words of "
+              f"{trainer.report['distinct_words']} distinct; {trainer.report['unknown_token_rate']:.2%} of the running "
+              f"words become [UNK]) in {seconds:.1f} s")
+    else:
+        print(f"{args.algorithm}: {tokenizer.vocab_size} tokens ({trainer.report['alphabet']} alphabet units, "
+              f"{len(trainer.merges)} merges) from {trainer.report['distinct_words']} distinct words "
+              f"in {seconds:.1f} s")
     print(f"saved {out / VOCAB_NAME}, tokenizer_config.json, merges.tsv, training_report.json")
     return 0
 

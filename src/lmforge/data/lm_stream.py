@@ -34,6 +34,11 @@ is the text to its left (the model's state, which stopped at the window's first 
 position) counts along F. Every batch then also has ``backward`` (B,), all 1, so that the objective refuses a
 forward model given backward windows (or the reverse). The pretraining recipe sets ``reverse`` from the model's
 config, whose flag a run started ``--init-from`` a backward LM inherits.
+
+Both directions at once (``bidirectional``; ELMo's biLM, ``lmforge.objectives.bilm``): each batch holds the
+forward window above and, as ``backward_input_ids`` / ``backward_labels`` (B, L), the backward window of the same
+(epoch, position) counted along the flipped rows F, exactly what ``reverse`` would give: the two LMs read the same
+rows from opposite ends, so each one's carried state meets the text it stopped at. ``reverse`` stays False.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class LMStreamData:
         self.corpus, self.config, self.split = corpus, data_config, split
         self.seed, self.rank, self.world_size = int(seed), rank, world_size
         self.reverse = bool(reverse)  # a backward LM's windows (module docstring); may be set before batches()
+        self.bidirectional = False  # the biLM's windows of both directions (module docstring); set by the recipe
         self.eos_id = int(tokenizer.sep_id)
         train_docs, eval_docs = split_documents(corpus.num_documents, data_config.eval_fraction)
         self.documents = train_docs if split == "train" else eval_docs
@@ -186,6 +192,11 @@ class LMStreamData:
                  "reset": torch.full((B,), int(p == 0), dtype=torch.long)}
         if self.reverse:
             batch["backward"] = torch.ones(B, dtype=torch.long)
+        if self.bidirectional:  # the biLM's backward LM: the same window of the flipped rows (reverse's windows)
+            flipped = rows[:, ::-1]
+            batch["backward_input_ids"] = torch.from_numpy(np.ascontiguousarray(flipped[:, p:p + length][:, ::-1]))
+            batch["backward_labels"] = torch.from_numpy(
+                np.ascontiguousarray(flipped[:, p + 1:p + length + 1][:, ::-1]))
         return batch
 
     def _eval_batches(self, B: int) -> Iterator[dict[str, torch.Tensor]]:

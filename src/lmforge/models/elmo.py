@@ -29,20 +29,40 @@ corrected by - log(K Q) (the expected count of its token among K draws with repl
 without replacement, whose expected count differs slightly for the most frequent tokens). ``"uniform"``: every token
 alike, where the correction is the same for all and cancels.
 
+Tokens (``input_unit``): ``"word"`` (the presets'; ELMo and bilm-tf read whole words): the tokenizer is a
+word-level vocabulary (``lmforge tokenizer train --algorithm words``: BERT's basic splitting on whitespace and
+punctuation and its lower-casing, the most frequent words of the training corpus, every other word [UNK]), so each
+token is a word, the char CNN spells whole words (the spelling table ``token_chars`` holds every vocabulary word)
+and the softmax is over words; ``set_vocabulary`` refuses a vocabulary with ``##`` pieces. ``"piece"`` (a folder
+without the key): the tokenizer's word pieces, each spelled with its ``##``.
+
+Clipping (``cell_clip``, ``proj_clip``; the presets': 3 and 3, bilm-tf's): each LSTMP layer clips its cell c_t and
+its projected output h_t to [-clip, clip] at every step, which PyTorch's fused ``nn.LSTM`` cannot do, so the layers
+are then ``lmforge.nn.lstmp.ClippedLSTMP`` (the same parameter names and shapes, a loop over the steps); without
+clipping (None or 0, a folder without the keys) they are ``nn.LSTM``.
+
+``BiLM.stream_lm`` (``forward(..., stream=...)``) trains on consecutive windows of a stream, each direction carrying
+its state from window to window (bilm-tf's stateful training): the forward LM reads its window left to right and
+continues with the text to the right; the backward LM reads ITS window right to left and continues with the text to
+the left, so the two read different windows of the same rows, from opposite ends (``lmforge.data.lm_stream``,
+``bidirectional``; ``lmforge.objectives.bilm`` keeps the states, detached, and checkpoints them).
+
 ``BiLM.forward_lm`` runs the forward LM alone, its LSTM state carried from call to call (``lm_logits``,
 ``reorder_state``): what generation continues a prompt with (``lmforge generate`` on a biLM folder).
 
 ``ELMoEncoder`` (fine-tuning, section 3.3): the biLM frozen (no gradient, eval mode), its L + 1 layers mixed by a
-learned ``ScalarMix`` (ELMo_k = gamma sum_j s_j h_{k,j}), then a task BiLSTM (width D) and attention pooling: the
-token head reads its states, the sequence head the pooled vector.
+learned ``ScalarMix`` (ELMo_k = gamma sum_j s_j h_{k,j}), then a task BiLSTM (width D) over [x_k; ELMo_k] and
+attention pooling: the token head reads its states, the sequence head the pooled vector. x_k is the task's own
+trainable token vector (``elmo_token_dim`` E wide); a new encoder (``wrap``) has E = d_model, the width of the
+biLM's own token layer; ``elmo_token_dim=0`` reads ELMo_k alone (what a folder without the key does).
 
 Deviations from the paper, named:
-    - tokens are the tokenizer's word pieces (ELMo: whole words); the char CNN spells each piece (``##`` included).
-    - no cell/projection clipping (bilm-tf clips both at 3): ``nn.LSTM``'s fused LSTMP cannot, and small models train
-      without it.
-    - each training block starts from zero LSTM states (bilm-tf carries states across batches).
-    - by default the task BiLSTM reads ELMo_k alone (the biLM's own token layer is in the mix as layer 0);
-      ``elmo_token_dim`` > 0 adds the paper's concatenation with a trainable task token vector x_k.
+    - a word outside the word vocabulary (the pretraining corpus's frequent words) reads as [UNK] on input, where
+      bilm-tf's char CNN spells any word; the corpus shards hold token ids, not characters, so the spelling comes
+      from the vocabulary. A larger vocabulary (``--vocab-size``, ``--min-frequency 1``) spells more words; the
+      full softmax then costs more (use ``softmax_samples``).
+    - the stream's windows are the documents joined by [SEP] in rows, as the AWD-LSTM reads them; bilm-tf reads
+      sentences with <S> and </S> marks.
 """
 
 from __future__ import annotations
@@ -63,11 +83,12 @@ from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 from lmforge.nn.char_cnn import CharCNN, spell_tokens
 from lmforge.nn.inputs import check_flag, check_input_ids
+from lmforge.nn.lstmp import ClippedLSTMP
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import AttentionPooling, StackedRNN, check_lstm_state, compact_padding, reorder_lstm_state
 from lmforge.nn.scalar_mix import ScalarMix
 
-__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState"]
+__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState", "StreamLMOutput"]
 
 # PyTorch's CPU build warns on every LSTMP call that oneDNN has no projection kernel and its own kernel runs instead:
 # nothing a user can act on, printed in the middle of progress bars
@@ -113,9 +134,30 @@ class ForwardLMOutput(NamedTuple):
     hidden_states: tuple[Tensor, ...] | None = None
 
 
-def _lstm(d_in: int, d_cell: int, d_out: int) -> nn.LSTM:
-    """One LSTM layer with a projection (LSTMP, Sak et al. 2014) when the cell is wider than the output."""
-    return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=d_out if d_cell > d_out else 0)
+def _lstm(d_in: int, d_cell: int, d_out: int, cell_clip: float | None = None,
+          proj_clip: float | None = None) -> nn.Module:
+    """One LSTM layer with a projection (LSTMP, Sak et al. 2014) when the cell is wider than the output: PyTorch's
+    fused ``nn.LSTM`` without clipping, ``ClippedLSTMP`` (the same parameters, a loop over the steps) with it."""
+    proj = d_out if d_cell > d_out else 0
+    if not cell_clip and not proj_clip:  # None or 0: no clipping
+        return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=proj)
+    return ClippedLSTMP(d_in, d_cell, proj, cell_clip=cell_clip or None, proj_clip=proj_clip or None)
+
+
+class StreamLMOutput(NamedTuple):
+    """What ``BiLM.stream_lm`` returns.
+
+    Attributes:
+        forward_nll, backward_nll: each direction's NLL summed over its window's targets (fp32 scalars).
+        n_predictions: the number of targets of each direction (B x T).
+        state: the state each direction ends its window with, ``{"forward": LSTMState, "backward": LSTMState}``
+            (per layer (h (1, B, D), c (1, B, Dc))): the start of the next windows.
+    """
+
+    forward_nll: Tensor
+    backward_nll: Tensor
+    n_predictions: Tensor
+    state: dict[str, LSTMState]
 
 
 class BiLM(PretrainedMixin, nn.Module):
@@ -146,8 +188,9 @@ class BiLM(PretrainedMixin, nn.Module):
             self.register_buffer("token_chars", torch.zeros(V, config.max_chars_per_token, dtype=torch.int16))
         else:
             self.embeddings = nn.Embedding(V, D, padding_idx=config.pad_token_id)
-        self.layers = nn.ModuleList(nn.ModuleDict({"forward_lstm": _lstm(D, d_cell, D),
-                                                   "backward_lstm": _lstm(D, d_cell, D)})
+        clips = {"cell_clip": config.cell_clip, "proj_clip": config.proj_clip}
+        self.layers = nn.ModuleList(nn.ModuleDict({"forward_lstm": _lstm(D, d_cell, D, **clips),
+                                                   "backward_lstm": _lstm(D, d_cell, D, **clips)})
                                     for _ in range(config.n_layers))
         self.dropout = nn.Dropout(config.dropout)
         self.softmax = nn.Linear(D, V)  # shared by both directions
@@ -158,9 +201,20 @@ class BiLM(PretrainedMixin, nn.Module):
 
     def set_vocabulary(self, tokens: Sequence[str]) -> None:
         """Spell the vocabulary for the char CNN (a no-op for an embedding table); called by the pretraining recipe
-        with the tokenizer's entries in id order. The spelling is a buffer, saved with the weights."""
+        with the tokenizer's entries in id order. The spelling is a buffer, saved with the weights.
+
+        Raises:
+            LmforgeError: more tokens than ``vocab_size``; word pieces (``##`` entries) for ``input_unit="word"``.
+        """
         if len(tokens) > self.config.vocab_size:
             raise LmforgeError(f"{len(tokens)} tokens do not fit a vocabulary of {self.config.vocab_size}")
+        pieces = [t for t in tokens if t.startswith("##")]
+        if self.config.input_unit == "word" and pieces:
+            raise LmforgeError(
+                f"input_unit='word': the biLM reads whole words, but the tokenizer has {len(pieces)} word pieces "
+                f"(e.g. {pieces[0]!r}); prepare the corpus with a word-level tokenizer (`lmforge tokenizer train "
+                "--algorithm words --vocab-size N --min-frequency 3`, then `lmforge data prepare --tokenizer` it), or "
+                "read the pieces with --model.input_unit=piece")
         if self.chars:
             table = spell_tokens(tokens, self.config.max_chars_per_token)
             with torch.no_grad():
@@ -194,8 +248,8 @@ class BiLM(PretrainedMixin, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 output_hidden_states: bool = False, lm_loss: bool = False,
-                output_attentions: bool = False) -> BiLMOutput:
-        """Run both language models over a padded batch.
+                output_attentions: bool = False, *, stream: dict[str, Any] | None = None) -> BiLMOutput:
+        """Run both language models over a padded batch (with ``stream``: ``stream_lm``, see there).
 
         Args:
             input_ids: (B, T) token ids in [0, vocab_size).
@@ -205,10 +259,15 @@ class BiLM(PretrainedMixin, nn.Module):
             output_hidden_states: also return the L + 1 layers ELMo mixes.
             lm_loss: also return each direction's summed NLL of its next (forward) / previous (backward) real token.
             output_attentions: accepted for the common encoder interface; a biLM has no attention (None).
+            stream: ``{"labels", "backward_input_ids", "backward_labels", "state"}``: return
+                ``stream_lm(input_ids, **stream)`` (a ``StreamLMOutput``) instead; through ``forward`` so that a
+                DistributedDataParallel wrapper sees the call.
 
         Returns:
             ``BiLMOutput`` (see there).
         """
+        if stream is not None:
+            return self.stream_lm(input_ids, **stream)
         check_flag(output_hidden_states, "output_hidden_states")
         check_flag(output_attentions, "output_attentions")
         B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
@@ -269,6 +328,57 @@ class BiLM(PretrainedMixin, nn.Module):
         return sampled_softmax_nll(h, self.softmax.weight, self.softmax.bias, targets, negatives,
                                    log_expected(self.frequency_rank[targets]), log_expected(ranks))
 
+    # ------------------------------------------------------------------------------- consecutive stream windows
+    def stream_lm(self, input_ids: Tensor, labels: Tensor, backward_input_ids: Tensor, backward_labels: Tensor,
+                  state: dict[str, Any] | None = None) -> StreamLMOutput:
+        """Both language models on consecutive windows of a stream, each carrying its LSTM state from the previous
+        window (bilm-tf's stateful training; the pretraining objective keeps the state between calls).
+
+        The two directions read DIFFERENT windows (``lmforge.data.lm_stream``, ``bidirectional``): the forward LM
+        reads its stream left to right, so its next window is the text right of this one; the backward LM reads
+        right to left, so its next window must be the text LEFT of this one, where its state (which ended on the
+        window's first token) continues. Both windows are given in text order; every position is real.
+
+        Args:
+            input_ids, labels: (B, T) the forward window and its next tokens (labels[:, t] follows input_ids[:, t]).
+            backward_input_ids, backward_labels: (B, T) the backward window, in text order, and its previous tokens
+                (backward_labels[:, t] precedes backward_input_ids[:, t]).
+            state: a previous call's ``state`` (each row continues its own text), or None for zero states.
+
+        Returns:
+            ``StreamLMOutput``: each direction's summed NLL, the number of targets, and the state to carry.
+        """
+        B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
+        for name, t in (("labels", labels), ("backward_input_ids", backward_input_ids),
+                        ("backward_labels", backward_labels)):
+            if tuple(t.shape) != (B, T):
+                raise LmforgeError(f"{name} has shape {tuple(t.shape)}; stream_lm needs (B, T) = {(B, T)} like "
+                                   "input_ids")
+        state = state or {}
+        f_state = self._check_lm_state(state.get("forward"), B, "forward_lstm")
+        b_state = self._check_lm_state(state.get("backward"), B, "backward_lstm")
+        # one token layer for both windows (the backward one in its reading order, right to left)
+        x = self.token_representation(torch.cat([input_ids, backward_input_ids.flip(1)]))  # (2B, T, D)
+        f_top, f_state = self._direction("forward_lstm", x[:B], f_state)  # (B, T, D)
+        b_top, b_state = self._direction("backward_lstm", x[B:], b_state)  # reading order
+        b_top = b_top.flip(1)  # text order: b_top[:, t] has read backward_input_ids[:, t:]
+        forward_nll = self._nll(self.dropout(f_top).flatten(0, 1), labels.flatten())
+        backward_nll = self._nll(self.dropout(b_top).flatten(0, 1), backward_labels.flatten())
+        n = torch.tensor(B * T, device=input_ids.device)
+        return StreamLMOutput(forward_nll, backward_nll, n, {"forward": f_state, "backward": b_state})
+
+    def _direction(self, direction: str, x: Tensor, state: LSTMState | None) -> tuple[Tensor, LSTMState]:
+        """One direction's L layers over (B, T, D) inputs in its reading order, from ``state``: the top states and
+        each layer's final (h, c). Dropout on each layer's input, residual from layer 2 on (as in ``_run``)."""
+        h_in, new_state = x, []
+        for i, layer in enumerate(self.layers):
+            out, hc = layer[direction](self.dropout(h_in), None if state is None else state[i])
+            if i > 0:
+                out = out + h_in
+            new_state.append(hc)
+            h_in = out
+        return h_in, new_state
+
     # ------------------------------------------------------------------------------------- the forward LM alone
     def forward_lm(self, input_ids: Tensor, attention_mask: Tensor | None = None, state: LSTMState | None = None,
                    output_hidden_states: bool = False) -> ForwardLMOutput:
@@ -316,13 +426,15 @@ class BiLM(PretrainedMixin, nn.Module):
         return ForwardLMOutput(layers[-1], new_state, tuple(layers) if output_hidden_states else None)
 
     @staticmethod
-    def _run_forward_lstm(lstm: nn.LSTM, x: Tensor, lengths: Tensor, hx: tuple[Tensor, Tensor] | None,
+    def _run_forward_lstm(lstm: nn.Module, x: Tensor, lengths: Tensor, hx: tuple[Tensor, Tensor] | None,
                           ragged: bool) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """One forward LSTM over right-padded ``x`` (B, T, D_in); the (h, c) after each row's last real token (a
         row of length 0 keeps ``hx``)."""
         if not ragged:
             out, (h, c) = lstm(x, hx)
             return out, (h, c)
+        if isinstance(lstm, ClippedLSTMP):  # masks its own steps: a row of length 0 keeps hx
+            return lstm(x, hx, lengths)
         B, T = x.shape[:2]
         rows = (lengths > 0).nonzero().flatten()  # pack_padded_sequence refuses empty rows
         if hx is None:
@@ -334,10 +446,10 @@ class BiLM(PretrainedMixin, nn.Module):
         out = x.new_zeros(B, T, sub.shape[-1]).index_copy(0, rows, sub)
         return out, (hx[0].index_copy(1, rows, h), hx[1].index_copy(1, rows, c))
 
-    def _check_lm_state(self, state: Any, B: int) -> LSTMState | None:
+    def _check_lm_state(self, state: Any, B: int, direction: str = "forward_lstm") -> LSTMState | None:
         if state is None:
             return None
-        lstms = [layer["forward_lstm"] for layer in self.layers]
+        lstms = [layer[direction] for layer in self.layers]
         return check_lstm_state(state, [((1, B, m.proj_size or m.hidden_size), (1, B, m.hidden_size)) for m in lstms])
 
     def lm_logits(self, h: Tensor) -> Tensor:
@@ -394,7 +506,14 @@ class ELMoEncoder(PretrainedMixin, nn.Module):
     @classmethod
     def wrap(cls, bilm: BiLM, **options: object) -> ELMoEncoder:
         """An encoder over the pretrained ``bilm`` (its weights copied), with ``options`` overriding config fields
-        (e.g. ``elmo_layer_norm=True``)."""
+        (e.g. ``elmo_layer_norm=True``).
+
+        A new encoder has the paper's task input [x_k; ELMo_k] unless ``options`` say otherwise: ``elmo_token_dim``
+        defaults to the biLM's ``d_model``, the width of its own context-free token layer x_k (128 for elmo-small,
+        512 for elmo-original), so the task vector is as wide as the representation it stands beside the mix for;
+        ``elmo_token_dim=0`` reads ELMo_k alone. (A saved ``elmo`` folder keeps its own value; one without the key
+        loads with 0, as it was trained.)"""
+        options = {"elmo_token_dim": bilm.config.d_model, **options}
         config = from_dict(ModelConfig, {**to_dict(bilm.config), **options, "arch": "elmo"}, where="ELMo options")
         encoder = cls(config)
         encoder.bilm.load_state_dict(bilm.state_dict())

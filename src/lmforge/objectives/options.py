@@ -31,6 +31,18 @@ class AWDLMLoss:
 
 
 @dataclass
+class BiLMLoss:
+    """The loss options of objective bilm (``--loss.carry_states``): carry each direction's LSTM state from one
+    stream window to the next (bilm-tf's stateful training; the default), or start every window from zeros."""
+
+    carry_states: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.carry_states, bool):
+            raise LmforgeError(f"invalid loss options: carry_states={self.carry_states!r} must be true or false")
+
+
+@dataclass
 class ElectraLoss:
     """The loss options of objective electra (``--loss.rtd_weight``): lambda, the weight of the discriminator's
     replaced-token-detection loss in L = L_MLM(generator) + lambda x L_disc (the paper's 50)."""

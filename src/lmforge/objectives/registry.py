@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lmforge.errors import LmforgeError
-from lmforge.objectives.options import AWDLMLoss, ElectraLoss, TXLLoss
+from lmforge.objectives.options import AWDLMLoss, BiLMLoss, ElectraLoss, TXLLoss
 
 
 @dataclass(frozen=True)
@@ -135,15 +135,17 @@ register_objective(PretrainingObjective(
     head=None, masking=None, loss=_causal_lm))
 
 
-def _bilm(data: Any) -> Callable:
+def _bilm(data: Any, options: Any = None) -> Callable:
     from lmforge.objectives.bilm import BiLMObjective
 
-    return BiLMObjective()
+    return BiLMObjective(carry_states=(options or BiLMLoss()).carry_states)
 
 
+# plan "stream": consecutive windows of one stream, the backward LM's from the rows' ends (the recipe asks the data
+# for both directions), each direction's LSTM state carried from window to window as bilm-tf trains
 register_objective(PretrainingObjective(
-    "bilm", "ELMo (Peters et al. 2018): forward + backward LSTM LMs on contiguous blocks", arch="bilm",
-    plan="causal", head=None, masking=None, loss=_bilm))
+    "bilm", "ELMo (Peters et al. 2018): forward + backward LSTM LMs, states carried across stream windows",
+    arch="bilm", plan="stream", head=None, masking=None, loss=_bilm, loss_options=BiLMLoss))
 
 
 def _awd_lm(data: Any, options: Any = None) -> Callable:

@@ -328,6 +328,8 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
     for split_data in (train, evaluation):  # a backward AWD-LSTM LM reads the stream right to left
         if isinstance(split_data, LMStreamData):
             split_data.reverse = bool(getattr(config, "reverse", False))
+            if config.arch == "bilm":  # both directions' windows, of a fixed length (bilm-tf's unroll_steps)
+                split_data.bidirectional, split_data.variable = True, False
     give_vocabulary(getattr(model, "backbone", model), config, tokenizer)
     if getattr(config, "softmax_samples", 0) and getattr(config, "softmax_sampler", None) == "log_uniform":
         getattr(model, "backbone", model).set_token_counts(corpus.token_counts())  # bilm-tf's frequency ranking

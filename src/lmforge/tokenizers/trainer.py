@@ -15,6 +15,12 @@ merely frequent pairs. The merged unit keeps ``##`` only when its left part had 
 ``algorithm="bpe-count"`` scores a pair by its count alone (what Hugging Face tokenizers' WordPieceTrainer
 does), on the same machinery, so that the two can be compared.
 
+``algorithm="words"`` learns no pieces: a word-level vocabulary, the special tokens then the words seen at least
+``min_frequency`` times, most frequent first (ties by the word), up to ``vocab_size`` tokens. With no ``##`` entry
+in it, the WordPiece encoder keeps every word it knows whole and makes every other word ``[UNK]`` (the greedy
+split of an unknown word finds no continuation piece): a word tokenizer (ELMo's biLM reads whole words, Peters et
+al. 2018), with BERT's word splitting and lower-casing and the same folder format.
+
 Efficiency: words are counted once; each merge rewrites only the words that contain the pair and updates
 pair counts incrementally. Because a merge lowers ``freq(a)`` and ``freq(b)``, it *raises* the score of
 every pair that contains ``a`` or ``b``; those pairs are re-scored and pushed again on a lazy max-heap
@@ -38,7 +44,7 @@ from lmforge.tokenizers.wordpiece import DEFAULT_SPECIAL_TOKENS, WordPieceTokeni
 
 log = logging.getLogger("lmforge")
 
-ALGORITHMS = ("wordpiece", "bpe-count")
+ALGORITHMS = ("wordpiece", "bpe-count", "words")
 _SHIFT = 1 << 24  # pair key = left * _SHIFT + right (unit ids stay far below 16M)
 
 
@@ -63,9 +69,11 @@ class WordPieceTrainer:
 
     Args:
         vocab_size: the number of tokens to reach (special tokens and alphabet included).
-        algorithm: ``"wordpiece"`` (likelihood score) or ``"bpe-count"`` (pair count).
+        algorithm: ``"wordpiece"`` (likelihood score), ``"bpe-count"`` (pair count) or ``"words"`` (whole words
+            only, see the module docstring).
         min_frequency: pairs seen fewer times are never merged (the likelihood score favours rare pairs:
-            a pair of two units that each occur once scores 1.0, the maximum; 2 keeps such hapax merges out).
+            a pair of two units that each occur once scores 1.0, the maximum; 2 keeps such hapax merges out);
+            ``"words"``: words seen fewer times are left out (they become ``[UNK]``).
         limit_alphabet: keep only this many most frequent characters; words with other characters are left
             out of training (the encoder makes them ``[UNK]``, as BERT does). ``None`` keeps all.
         lowercase: lower-case (and strip accents) before counting, as for an uncased BERT.
@@ -130,6 +138,8 @@ class WordPieceTrainer:
         """Learn the vocabulary from ``{normalised word: count}``; ``self.merges`` records each step."""
         if not counts or not any(n > 0 for n in counts.values()):
             raise LmforgeError("the corpus holds no words; give text files with some content")
+        if self.algorithm == "words":
+            return self._word_vocabulary(counts)
         alphabet = self._alphabet(counts)
         kept = sorted(w for w, n in counts.items()
                       if n > 0 and len(w) <= self.max_input_chars_per_word and all(c in alphabet for c in w))
@@ -152,6 +162,27 @@ class WordPieceTrainer:
         self.merges = []
         self._learn(words, wcount, units, unit_id, vocab, specials)
         return WordPieceTokenizer(vocab, lowercase=self.lowercase, special_tokens=self.special_tokens,
+                                  max_input_chars_per_word=self.max_input_chars_per_word,
+                                  newline_token=self.newline_token)
+
+    def _word_vocabulary(self, counts: Mapping[str, int]) -> WordPieceTokenizer:
+        """``algorithm="words"``: the special tokens, then the most frequent words (see the module docstring)."""
+        specials = set(self.special_tokens)
+        if self.vocab_size <= len(specials):
+            raise LmforgeError(f"vocab_size={self.vocab_size} leaves no room for a word after the "
+                               f"{len(specials)} special tokens; raise vocab_size")
+        eligible = [(w, n) for w, n in counts.items() if n >= self.min_frequency and w not in specials
+                    and len(w) <= self.max_input_chars_per_word]
+        eligible.sort(key=lambda wn: (-wn[1], wn[0]))
+        words = [w for w, _ in eligible[:self.vocab_size - len(self.special_tokens)]]
+        total = sum(n for n in counts.values() if n > 0)
+        covered = sum(counts[w] for w in words)
+        self.report = {"distinct_words": len(counts), "words_used": len(words),
+                       "skipped_words": len(counts) - len(words),
+                       "unknown_token_rate": round(1 - covered / total, 6) if total else 0.0}
+        self.merges = []
+        return WordPieceTokenizer(list(self.special_tokens) + words, lowercase=self.lowercase,
+                                  special_tokens=self.special_tokens,
                                   max_input_chars_per_word=self.max_input_chars_per_word,
                                   newline_token=self.newline_token)
 

@@ -52,18 +52,23 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
     """Pretrain ``spec`` on ``texts`` (one document each) into the model folder ``out``; returns the seconds.
 
     The texts are tokenized once into ``work/shards`` (shared by every [[pretrain]] table); an interrupted
-    pretraining continues from its last checkpoint (``resume="auto"``).
+    pretraining continues from its last checkpoint (``resume="auto"``). A biLM that reads whole words
+    (``input_unit = "word"``, the elmo presets') gets a word-level tokenizer of the same texts instead
+    (``word_tokenizer``) and its own ``work/word-shards``.
     """
-    from lmforge.config import DataConfig, TrainConfig
+    from lmforge.config import PRESETS, DataConfig, TrainConfig
     from lmforge.data.shards import MANIFEST_NAME, prepare_corpus
     from lmforge.recipes.pretrain import PretrainRun, build_trainer, plateau_warning
 
-    shards = work / "shards"
+    words = {**PRESETS.get(spec.preset, {}), **spec.model}.get("input_unit") == "word"
+    shards = work / ("word-shards" if words else "shards")
     if not (shards / MANIFEST_NAME).is_file():
         docs = work / "texts"
         docs.mkdir(parents=True, exist_ok=True)
         for i, text in enumerate(texts):
             (docs / f"{i:06d}.txt").write_text(text + "\n", encoding="utf-8")
+        if words:
+            tokenizer_dir = str(word_tokenizer(texts, tokenizer_dir, work / "word-tokenizer"))
         prepare_corpus(tokenizer_dir, [docs], shards, input_format="documents", workers=1, overwrite=True,
                        show_progress=False)
     where = f"[[pretrain]] {spec.name!r}"
@@ -87,3 +92,22 @@ def pretrain_here(spec: PretrainSpec, texts: list[str], tokenizer_dir: str, work
     if (warning := plateau_warning(final)) is not None:
         log.warning("compare: [[pretrain]] %s: %s", spec.name, warning)
     return seconds
+
+
+WORD_MIN_COUNT = 3  # bilm-tf's vocabulary of the 1B Word Benchmark: the words seen at least 3 times
+WORD_VOCAB_MAX = 100_000
+
+
+def word_tokenizer(texts: list[str], tokenizer_dir: str, out: Path) -> Path:
+    """A word-level tokenizer of ``texts`` (``lmforge tokenizer train --algorithm words``: the words seen at least
+    ``WORD_MIN_COUNT`` times, at most ``WORD_VOCAB_MAX``, the others [UNK]), cased as the comparison's tokenizer in
+    ``tokenizer_dir``; saved in ``out``."""
+    from lmforge.tokenizers import WordPieceTokenizer, WordPieceTrainer
+
+    cased = WordPieceTokenizer.from_pretrained(tokenizer_dir)
+    trainer = WordPieceTrainer(WORD_VOCAB_MAX, algorithm="words", min_frequency=WORD_MIN_COUNT,
+                               lowercase=cased.lowercase)
+    trainer.train(texts).save_pretrained(out, overwrite=True)
+    log.info("compare: a word-level tokenizer for the biLM: %d words (%.1f%% of the running words [UNK])",
+             trainer.report["words_used"], 100 * trainer.report["unknown_token_rate"])
+    return out
