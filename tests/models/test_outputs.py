@@ -24,6 +24,10 @@ OLD_HOMES = {
     "RNNSeq2SeqOutput": ("rnn_seq2seq",),
     "XLNetOutput": ("xlnet",),
     "XLNetLMOutput": ("xlnet",),
+    "BiLMOutput": ("elmo",),
+    "ForwardLMOutput": ("elmo",),
+    "StreamLMOutput": ("elmo",),
+    "LSTMState": ("elmo",),
 }
 
 

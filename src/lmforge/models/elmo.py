@@ -56,13 +56,11 @@ attention pooling: the token head reads its states, the sequence head the pooled
 trainable token vector (``elmo_token_dim`` E wide); a new encoder (``wrap``) has E = d_model, the width of the
 biLM's own token layer; ``elmo_token_dim=0`` reads ELMo_k alone (what a folder without the key does).
 
-Deviations from the paper, named:
-    - a word outside the word vocabulary (the pretraining corpus's frequent words) reads as [UNK] on input, where
-      bilm-tf's char CNN spells any word; the corpus shards hold token ids, not characters, so the spelling comes
-      from the vocabulary. A larger vocabulary (``--vocab-size``, ``--min-frequency 1``) spells more words; the
-      full softmax then costs more (use ``softmax_samples``).
-    - the stream's windows are the documents joined by [SEP] in rows, as the AWD-LSTM reads them; bilm-tf reads
-      sentences with <S> and </S> marks.
+Deviations, named: a word outside the vocabulary (the corpus's frequent words) is [UNK] on input, where bilm-tf's
+char CNN spells any word (the shards hold ids, not characters; a larger vocabulary spells more, with
+``softmax_samples`` to keep the softmax cheap); the stream is documents joined by [SEP] (bilm-tf: <S> sentences </S>).
+The output records (``BiLMOutput``, ``ForwardLMOutput``, ``StreamLMOutput``) live in ``lmforge.models.outputs``, the
+sampled softmax in ``lmforge.nn.sampled_softmax``.
 """
 
 from __future__ import annotations
@@ -71,7 +69,7 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,83 +79,21 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from lmforge.config import ModelConfig, from_dict, to_dict
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
+from lmforge.models.outputs import BiLMOutput, ForwardLMOutput, LSTMState, StreamLMOutput
 from lmforge.nn.char_cnn import CharCNN, spell_tokens
 from lmforge.nn.inputs import check_flag, check_input_ids
-from lmforge.nn.lstmp import ClippedLSTMP
+from lmforge.nn.lstmp import ClippedLSTMP, lstmp_layer
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.rnn import AttentionPooling, StackedRNN, check_lstm_state, compact_padding, reorder_lstm_state
+from lmforge.nn.sampled_softmax import log_uniform_log_q, log_uniform_ranks, sampled_softmax_nll
 from lmforge.nn.scalar_mix import ScalarMix
 
-__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState", "StreamLMOutput"]
+__all__ = ["BiLM", "BiLMOutput", "ELMoEncoder", "ForwardLMOutput", "LSTMState", "StreamLMOutput", "log_uniform_log_q",
+           "log_uniform_ranks", "sampled_softmax_nll"]
 
 # PyTorch's CPU build warns on every LSTMP call that oneDNN has no projection kernel and its own kernel runs instead:
 # nothing a user can act on, printed in the middle of progress bars
 warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
-
-#: the forward LM's recurrent state: per layer (h (1, B, D), c (1, B, Dc)).
-LSTMState = list[tuple[Tensor, Tensor]]
-
-
-class BiLMOutput(NamedTuple):
-    """What ``BiLM.forward`` returns: the fields of ``EncoderOutput`` (so embedding and fine-tuning code reads it the
-    same way), then the language-model sums.
-
-    Attributes:
-        last_hidden_state: (B, T, 2D) the top layer [f_L; b_L], 0 at padding.
-        pooled_output: None (a biLM has no sentence vector).
-        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, 2D): [x; x], then [f_j; b_j].
-        attentions: None (``ELMoEncoder``: the pooling weights when asked).
-        forward_nll, backward_nll: with ``lm_loss``, each direction's NLL summed over its targets (fp32 scalars).
-        n_predictions: with ``lm_loss``, the number of targets of each direction (the same for both).
-    """
-
-    last_hidden_state: Tensor
-    pooled_output: Tensor | None = None
-    hidden_states: tuple[Tensor, ...] | None = None
-    attentions: tuple[Tensor, ...] | None = None
-    forward_nll: Tensor | None = None
-    backward_nll: Tensor | None = None
-    n_predictions: Tensor | None = None
-
-
-class ForwardLMOutput(NamedTuple):
-    """What ``BiLM.forward_lm`` returns.
-
-    Attributes:
-        last_hidden_state: (B, T, D) the forward LM's top layer f_L, 0 at padding.
-        state: the forward LSTMs' state after each row's last real token: per layer (h (1, B, D), c (1, B, Dc)).
-        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, D): x, then f_1 .. f_L.
-    """
-
-    last_hidden_state: Tensor
-    state: LSTMState
-    hidden_states: tuple[Tensor, ...] | None = None
-
-
-def _lstm(d_in: int, d_cell: int, d_out: int, cell_clip: float | None = None,
-          proj_clip: float | None = None) -> nn.Module:
-    """One LSTM layer with a projection (LSTMP, Sak et al. 2014) when the cell is wider than the output: PyTorch's
-    fused ``nn.LSTM`` without clipping, ``ClippedLSTMP`` (the same parameters, a loop over the steps) with it."""
-    proj = d_out if d_cell > d_out else 0
-    if not cell_clip and not proj_clip:  # None or 0: no clipping
-        return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=proj)
-    return ClippedLSTMP(d_in, d_cell, proj, cell_clip=cell_clip or None, proj_clip=proj_clip or None)
-
-
-class StreamLMOutput(NamedTuple):
-    """What ``BiLM.stream_lm`` returns.
-
-    Attributes:
-        forward_nll, backward_nll: each direction's NLL summed over its window's targets (fp32 scalars).
-        n_predictions: the number of targets of each direction (B x T).
-        state: the state each direction ends its window with, ``{"forward": LSTMState, "backward": LSTMState}``
-            (per layer (h (1, B, D), c (1, B, Dc))): the start of the next windows.
-    """
-
-    forward_nll: Tensor
-    backward_nll: Tensor
-    n_predictions: Tensor
-    state: dict[str, LSTMState]
 
 
 class BiLM(PretrainedMixin, nn.Module):
@@ -189,8 +125,8 @@ class BiLM(PretrainedMixin, nn.Module):
         else:
             self.embeddings = nn.Embedding(V, D, padding_idx=config.pad_token_id)
         clips = {"cell_clip": config.cell_clip, "proj_clip": config.proj_clip}
-        self.layers = nn.ModuleList(nn.ModuleDict({"forward_lstm": _lstm(D, d_cell, D, **clips),
-                                                   "backward_lstm": _lstm(D, d_cell, D, **clips)})
+        self.layers = nn.ModuleList(nn.ModuleDict({"forward_lstm": lstmp_layer(D, d_cell, D, **clips),
+                                                   "backward_lstm": lstmp_layer(D, d_cell, D, **clips)})
                                     for _ in range(config.n_layers))
         self.dropout = nn.Dropout(config.dropout)
         self.softmax = nn.Linear(D, V)  # shared by both directions
@@ -560,31 +496,3 @@ class ELMoEncoder(PretrainedMixin, nn.Module):
 
     def extra_repr(self) -> str:
         return f"elmo_layer_norm={self.config.elmo_layer_norm}, elmo_rnn_layers={self.config.elmo_rnn_layers}"
-
-
-def log_uniform_ranks(k: int, vocab_size: int, *, device: Any = None, generator: Any = None) -> Tensor:
-    """K frequency ranks drawn with replacement from the log-uniform (Zipfian) distribution over [0, V):
-    P(r) = log((r + 2) / (r + 1)) / log(V + 1), by inverting its CDF (r = floor(exp(u log(V + 1))) - 1)."""
-    u = torch.rand(k, device=device, generator=generator, dtype=torch.float64)
-    ranks = torch.exp(u * math.log(vocab_size + 1)).floor().long() - 1
-    return ranks.clamp_(0, vocab_size - 1)
-
-
-def log_uniform_log_q(ranks: Tensor, vocab_size: int) -> Tensor:
-    """log P(r) of the log-uniform distribution over [0, V) (``log_uniform_ranks``)."""
-    r = ranks.double()
-    return (torch.log((r + 2) / (r + 1)) / math.log(vocab_size + 1)).log().float()
-
-
-def sampled_softmax_nll(h: Tensor, weight: Tensor, bias: Tensor, targets: Tensor, negatives: Tensor,
-                        true_log_expected: Tensor | None = None, sampled_log_expected: Tensor | None = None) -> Tensor:
-    """Summed NLL of ``targets`` (N,) among themselves and the shared ``negatives`` (K,) (Jean et al. 2015): logits
-    ``h W^T + b`` of the target and of each negative, each minus the log of its expected count under the proposal
-    (None: a uniform proposal, where the correction cancels), a negative equal to the row's target removed."""
-    true = (h * weight[targets]).sum(-1, keepdim=True) + bias[targets].unsqueeze(-1)  # (N, 1)
-    sampled = h @ weight[negatives].T + bias[negatives]  # (N, K)
-    if true_log_expected is not None:
-        true = true - true_log_expected.unsqueeze(-1).to(true.dtype)
-        sampled = sampled - sampled_log_expected.unsqueeze(0).to(sampled.dtype)
-    sampled = sampled.masked_fill(negatives.unsqueeze(0) == targets.unsqueeze(-1), float("-inf"))
-    return -torch.log_softmax(torch.cat([true, sampled], -1).float(), -1)[:, 0].sum()

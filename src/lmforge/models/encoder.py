@@ -255,8 +255,16 @@ class Encoder(PretrainedMixin, nn.Module):
                          hidden_states=output_hidden_states, attentions=attentions,
                          alone="first_only" if first_only else None, attention_mask=key_mask)
         x = out.hidden  # (B, T, D), or (B, 1, D) with first_only
+        hidden_states = out.hidden_states
+        if torch.compiler.is_compiling() and self.unpad and key_mask is not None and not attentions:
+            # compiled, the layers ran on the padded rows (one graph, no data-dependent packing): zero the padded
+            # positions as the unpadded eager pass leaves them
+            real = key_mask[:, : x.shape[1], None].to(x.dtype)
+            x = x * real
+            if hidden_states is not None:
+                hidden_states = tuple(h * key_mask[..., None].to(h.dtype) for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
-        return EncoderOutput(x, pooled, out.hidden_states, out.attentions)
+        return EncoderOutput(x, pooled, hidden_states, out.attentions)
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
@@ -281,7 +289,7 @@ class Encoder(PretrainedMixin, nn.Module):
         key_mask = None
         if attention_mask is not None:
             key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
-            if bool(key_mask.all()):
+            if not torch.compiler.is_compiling() and bool(key_mask.all()):  # compiled: one graph, the mask kept
                 key_mask = None
         if position_ids is not None:
             if cfg.positional == "rotary":

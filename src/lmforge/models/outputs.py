@@ -20,12 +20,16 @@ from lmforge.nn.layers import StackCache
 from lmforge.nn.reinforce import SampledAlignments
 
 __all__ = [
+    "BiLMOutput",
     "DecodeOutput",
     "DecoderOutput",
     "EncoderOutput",
+    "ForwardLMOutput",
+    "LSTMState",
     "RNNSeq2SeqOutput",
     "Seq2SeqOutput",
     "SourceEncoderOutput",
+    "StreamLMOutput",
     "XLNetLMOutput",
     "XLNetOutput",
 ]
@@ -192,3 +196,59 @@ class XLNetLMOutput(NamedTuple):
 
     last_hidden_state: Tensor
     mems: tuple[Tensor, ...]
+
+
+#: a unidirectional LSTM stack's recurrent state: per layer (h (1, B, D), c (1, B, Dc)).
+LSTMState = list[tuple[Tensor, Tensor]]
+
+
+class BiLMOutput(NamedTuple):
+    """What ``BiLM.forward`` returns: the fields of ``EncoderOutput`` (so embedding and fine-tuning code reads it the
+    same way), then the language-model sums.
+
+    Attributes:
+        last_hidden_state: (B, T, 2D) the top layer [f_L; b_L], 0 at padding.
+        pooled_output: None (a biLM has no sentence vector).
+        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, 2D): [x; x], then [f_j; b_j].
+        attentions: None (``ELMoEncoder``: the pooling weights when asked).
+        forward_nll, backward_nll: with ``lm_loss``, each direction's NLL summed over its targets (fp32 scalars).
+        n_predictions: with ``lm_loss``, the number of targets of each direction (the same for both).
+    """
+
+    last_hidden_state: Tensor
+    pooled_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    attentions: tuple[Tensor, ...] | None = None
+    forward_nll: Tensor | None = None
+    backward_nll: Tensor | None = None
+    n_predictions: Tensor | None = None
+
+
+class ForwardLMOutput(NamedTuple):
+    """What ``BiLM.forward_lm`` returns.
+
+    Attributes:
+        last_hidden_state: (B, T, D) the forward LM's top layer f_L, 0 at padding.
+        state: the forward LSTMs' state after each row's last real token: per layer (h (1, B, D), c (1, B, Dc)).
+        hidden_states: with ``output_hidden_states``, the L + 1 layers (B, T, D): x, then f_1 .. f_L.
+    """
+
+    last_hidden_state: Tensor
+    state: LSTMState
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+class StreamLMOutput(NamedTuple):
+    """What ``BiLM.stream_lm`` returns.
+
+    Attributes:
+        forward_nll, backward_nll: each direction's NLL summed over its window's targets (fp32 scalars).
+        n_predictions: the number of targets of each direction (B x T).
+        state: the state each direction ends its window with, ``{"forward": LSTMState, "backward": LSTMState}``
+            (per layer (h (1, B, D), c (1, B, Dc))): the start of the next windows.
+    """
+
+    forward_nll: Tensor
+    backward_nll: Tensor
+    n_predictions: Tensor
+    state: dict[str, LSTMState]

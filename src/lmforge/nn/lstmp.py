@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
 
-__all__ = ["ClippedLSTMP"]
+__all__ = ["ClippedLSTMP", "lstmp_layer"]
 
 
 class ClippedLSTMP(nn.Module):
@@ -114,3 +114,13 @@ class ClippedLSTMP(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.input_size}, {self.hidden_size}, proj_size={self.proj_size}, cell_clip={self.cell_clip}, "
                 f"proj_clip={self.proj_clip}")
+
+
+def lstmp_layer(d_in: int, d_cell: int, d_out: int, cell_clip: float | None = None,
+                proj_clip: float | None = None) -> nn.Module:
+    """One LSTM layer with a projection (LSTMP, Sak et al. 2014) when the cell is wider than the output: PyTorch's
+    fused ``nn.LSTM`` without clipping, ``ClippedLSTMP`` (the same parameters, a loop over the steps) with it."""
+    proj = d_out if d_cell > d_out else 0
+    if not cell_clip and not proj_clip:  # None or 0: no clipping
+        return nn.LSTM(d_in, d_cell, batch_first=True, proj_size=proj)
+    return ClippedLSTMP(d_in, d_cell, proj, cell_clip=cell_clip or None, proj_clip=proj_clip or None)

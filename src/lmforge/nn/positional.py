@@ -29,7 +29,10 @@ def _check_span(offset: int, length: int, max_len: int, what: str) -> None:
 
 
 def _check_positions(positions: Tensor, max_len: int, what: str) -> None:
-    # One device sync; only paid by callers that pass explicit position ids.
+    # One device sync; only paid by callers that pass explicit position ids (skipped under torch.compile, where the
+    # data-dependent branch would split the graph; the positions come from lmforge's own masks there).
+    if torch.compiler.is_compiling():
+        return
     lo, hi = int(positions.min()), int(positions.max())
     if lo < 0 or hi >= max_len:
         raise LmforgeError(f"{what}: position ids span [{lo}, {hi}] but must lie in [0, max_len={max_len})")

@@ -102,7 +102,11 @@ def rel_shift(x: Tensor, k_len: int) -> Tensor:
 
 def _one_hot_rows(target_mapping: Tensor) -> tuple[Tensor, Tensor] | None:
     """(position (B, N), real (B, N) 0/1) when every row of ``target_mapping`` is one-hot or all zero (a padding
-    row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T)."""
+    row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T), and
+    under ``torch.compile``, where the data-dependent test would split the graph (the all-T path is right for any
+    mapping)."""
+    if torch.compiler.is_compiling():
+        return None
     top, pos = target_mapping.max(dim=-1)  # (B, N)
     total = target_mapping.sum(dim=-1)
     if not bool((((top == 1) & (total == 1)) | ((top == 0) & (total == 0))).all()):
@@ -210,9 +214,11 @@ class RelativeMultiHeadAttention(nn.Module):
 
     # ----------------------------------------------------------------------------------------------------------
 
-    def _check(self, name: str, x: Tensor, want: tuple[int | None, ...], what: str) -> None:
+    def _check(self, name: str, x: Tensor, want: tuple[int | None, ...], what: str, **sizes: int) -> None:
+        """``what`` is formatted with ``sizes`` only on failure (formatting a size into a string while
+        ``torch.compile`` traces would specialise the graph on it)."""
         if x.dim() != len(want) or any(w is not None and w != s for w, s in zip(want, x.shape, strict=True)):
-            raise LmforgeError(f"{name} must be {what}; got shape {tuple(x.shape)}")
+            raise LmforgeError(f"{name} must be {what.format(**sizes)}; got shape {tuple(x.shape)}")
 
     def _check_mask(self, name: str, mask: Tensor | None, B: int, T: int, K: int) -> Tensor | None:
         if mask is None:
@@ -306,10 +312,10 @@ class RelativeMultiHeadAttention(nn.Module):
             RelativeAttentionOutput(output_h (B, T, D), output_g (B, N, D) or None, weights_h, weights_g).
         """
         D = self.d_model
-        self._check("h", h, (None, None, D), f"(batch, length, d_model={D})")
+        self._check("h", h, (None, None, D), "(batch, length, d_model={D})", D=D)
         B, T, _ = h.shape
         if mems is not None:
-            self._check("mems", mems, (B, None, D), f"(batch={B}, memory length, d_model={D})")
+            self._check("mems", mems, (B, None, D), "(batch={B}, memory length, d_model={D})", B=B, D=D)
             cat = torch.cat((mems.detach(), h), dim=1)  # (B, K, D); stop-gradient on the memory
         else:
             cat = h
@@ -348,11 +354,14 @@ class RelativeMultiHeadAttention(nn.Module):
         output_g = weights_g = None
         if g is not None:
             if target_mapping is None:
-                self._check("g", g, (B, T, D), f"(batch={B}, length={T}, d_model={D}) without a target_mapping")
+                self._check("g", g, (B, T, D), "(batch={B}, length={T}, d_model={D}) without a target_mapping", B=B,
+                            T=T, D=D)
             else:
-                self._check("target_mapping", target_mapping, (B, None, T), f"(batch={B}, predictions, length={T})")
+                self._check("target_mapping", target_mapping, (B, None, T), "(batch={B}, predictions, length={T})", B=B,
+                            T=T)
                 N = target_mapping.shape[1]
-                self._check("g", g, (B, N, D), f"(batch={B}, predictions={N}, d_model={D}) like target_mapping")
+                self._check("g", g, (B, N, D), "(batch={B}, predictions={N}, d_model={D}) like target_mapping", B=B,
+                            N=N, D=D)
             allowed_g = self._check_mask("attn_mask_g", attn_mask_g, B, T, K)
             q_g = heads(self.layer_norm(g) if self.norm_first else g, self.q)  # (B, H, N, Dh)
             one_hot = None if target_mapping is None or need_weights else _one_hot_rows(target_mapping)

@@ -25,13 +25,14 @@ from lmforge.utils.hardware import last_level_cache_bytes
 __all__ = ["ATTENTION_CACHE_SHARE", "dropout_attention", "plain_dropout_attention"]
 
 ATTENTION_CACHE_SHARE = 0.25  # of the last-level cache, for one chunk's (T, S) scores, mask and gradient
+_CACHE_BYTES = last_level_cache_bytes()  # read once (sysfs): a constant to torch.compile, not a graph break
 
 
 def _attention_chunk(rows: int, T: int, S: int, heads: int, itemsize: int) -> int:
     """Rows of (B*H, T, S) per chunk: a multiple of ``heads`` whose (T, S) scores, mask and gradient fit about a
     quarter of the last-level cache together (at least one sequence's heads)."""
     per_row = 3 * T * S * itemsize
-    fit = int(ATTENTION_CACHE_SHARE * last_level_cache_bytes()) // max(per_row, 1)
+    fit = int(ATTENTION_CACHE_SHARE * _CACHE_BYTES) // max(per_row, 1)
     return min(rows, max(heads, fit // heads * heads))
 
 

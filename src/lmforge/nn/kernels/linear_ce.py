@@ -35,6 +35,7 @@ IGNORE = -100
 CHUNK_ROWS = 512  # the most rows per chunk (and the chunk on GPUs): (512, V) fp32 scores, 16 MB at V = 8,000
 MIN_CHUNK_ROWS = 64
 CACHE_SHARE = 0.75  # the share of the last-level cache one chunk's (rows, V) fp32 scores may fill on a CPU
+_CACHE_BYTES = last_level_cache_bytes()  # read once (sysfs): a constant to torch.compile, not a graph break
 
 
 def auto_chunk_rows(vocab: int, dim: int, device_type: str) -> int:
@@ -46,7 +47,7 @@ def auto_chunk_rows(vocab: int, dim: int, device_type: str) -> int:
     to 512 is within noise."""
     if device_type != "cpu":
         return CHUNK_ROWS
-    rows = int(CACHE_SHARE * last_level_cache_bytes() / (4 * max(vocab, 1)))
+    rows = int(CACHE_SHARE * _CACHE_BYTES / (4 * max(vocab, 1)))
     rows = max(rows, dim // 3, MIN_CHUNK_ROWS)
     return min(CHUNK_ROWS, rows // 16 * 16)
 

@@ -1,0 +1,92 @@
+"""``--compile`` sees whole models (issue 39, item 3): lmforge's own data-dependent branches (input value checks,
+the all-real-mask shortcut, unpadding, the empty-row test, the one-hot test of the query stream) are skipped while
+TorchDynamo traces, so each Transformer family is ONE graph with no break, in training with a padded batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.config import model_config_from_preset
+from lmforge.data.permutation import plm_example
+from lmforge.data.pretraining import collate_plm
+from lmforge.heads import build_model
+from lmforge.models.loading import build_backbone
+
+V = 300
+
+
+def _padded() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(5, V, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    return ids, mask
+
+
+def _case(name: str):
+    ids, mask = _padded()
+    if name == "bert-tiny sequence head":
+        model = build_model(model_config_from_preset("bert-tiny", vocab_size=V),
+                            {"type": "sequence_classification", "labels": ["a", "b", "c"]})
+        return model, (ids,), {"attention_mask": mask}
+    if name == "xlnet-tiny plm":
+        batch = collate_plm([plm_example(np.asarray(row), rng=np.random.default_rng(i), special_mask=np.zeros(12, bool))
+                             for i, row in enumerate(ids.tolist())], 0)
+        return (build_backbone(model_config_from_preset("xlnet-tiny", vocab_size=V)), (batch["input_ids"],),
+                {"perm_mask": batch["perm_mask"], "target_mapping": batch["target_mapping"], "return_logits": "query"})
+    return build_backbone(model_config_from_preset(name, vocab_size=V)), (ids,), {"attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", ["bert-tiny sequence head", "albert-mini", "electra-tiny", "gpt-nano",
+                                  "transformer-xl-tiny", "xlnet-tiny plm"])
+def test_each_transformer_family_is_one_graph_without_breaks(name):
+    import torch._dynamo as dynamo
+
+    model, args, kwargs = _case(name)
+    model.train()
+    dynamo.reset()
+    try:
+        explained = dynamo.explain(model)(*args, **kwargs)
+    finally:
+        dynamo.reset()
+    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), reasons
+
+
+def test_the_eager_checks_still_run_outside_compile():
+    from lmforge.errors import LmforgeError
+
+    model = build_backbone(model_config_from_preset("bert-tiny", vocab_size=V))
+    with pytest.raises(LmforgeError, match="token id 300 at"):
+        model(torch.full((1, 4), V))
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "xlnet-tiny"])
+def test_varying_lengths_stop_recompiling_after_the_dynamic_shape(name):
+    """No size is formatted into a message or branched on while tracing: after the automatic-dynamic recompile
+    (PyTorch marks the changed sizes symbolic) new lengths and batch sizes reuse the graphs."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    model = build_backbone(model_config_from_preset(name, vocab_size=V)).train()
+    compiled = torch.compile(model, backend=counter)
+    frames = []
+    try:
+        for T, B in ((5, 4), (9, 4), (12, 3), (17, 4), (23, 2)):
+            ids = torch.randint(5, V, (B, T), generator=torch.Generator().manual_seed(T))
+            mask = torch.ones(B, T, dtype=torch.long)
+            mask[0, T - 2:] = 0
+            if name == "xlnet-tiny":
+                batch = collate_plm([plm_example(np.asarray(r), rng=np.random.default_rng(i), num_predict=2,
+                                                 special_mask=np.zeros(T, dtype=bool))
+                                     for i, r in enumerate(ids.tolist())], 0)
+                loss = compiled(batch["input_ids"], perm_mask=batch["perm_mask"],
+                                target_mapping=batch["target_mapping"], return_logits="query").logits.sum()
+            else:
+                loss = compiled(ids, attention_mask=mask).last_hidden_state.sum()
+            loss.backward()
+            frames.append(counter.frame_count)
+    finally:
+        torch._dynamo.reset()
+    assert frames[-1] == frames[2], frames
