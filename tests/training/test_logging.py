@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -39,6 +40,7 @@ def test_without_an_allocator_installed_the_hint_is_glibcs_own_settings(tmp_path
     monkeypatch.setattr(run_logging.platform, "libc_ver", lambda: ("glibc", "2.36"))
     monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(run_logging, "_glibc_tuned", False)  # an earlier Trainer in this process tuned it
     hint = allocator_hint()  # glibc's own reuse settings instead, naming no file
     assert "LD_PRELOAD" not in hint and run_logging.GLIBC_REUSE in hint
     monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
@@ -64,6 +66,48 @@ def test_the_allocator_hint_names_the_file_found(tmp_path, monkeypatch, linux_wi
     monkeypatch.delenv("LD_PRELOAD")
     monkeypatch.setattr(run_logging.sys, "platform", "darwin")
     assert allocator_hint() is None
+
+
+_FAULTS = """
+import resource, sys, torch
+from lmforge.training.logging import tune_glibc_malloc
+message = tune_glibc_malloc() if sys.argv[1] == "tune" else None
+torch.empty(1).fill_(0)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    x = torch.empty(8 * 2**20)  # 32 MiB: above glibc's default mmap threshold
+    x.fill_(1.0)
+    del x
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, message is not None)
+"""
+
+
+def test_tuning_glibc_in_process_stops_the_page_faults_of_every_step(monkeypatch, linux_without_preload):
+    """Issue 39: the training commands make glibc reuse freed memory in their own process (mallopt), which the
+    environment variables did only when a user set them before starting: a large tensor freed and allocated again
+    then faults its pages in once instead of on every step."""
+    import subprocess
+
+    if run_logging.platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's mallopt: this machine's C library is not glibc")
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_MAX_", "GLIBC_TUNABLES", "LD_PRELOAD")}
+    env["OMP_NUM_THREADS"] = "1"
+    faults = {}
+    for mode in ("plain", "tune"):
+        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], env=env, capture_output=True, text=True,
+                             check=True, timeout=120).stdout.split()
+        faults[mode] = int(out[0])
+        assert out[1] == str(mode == "tune")
+    assert faults["tune"] * 10 < faults["plain"], faults  # 20 x 8,192 pages without; about one tensor's with
+    monkeypatch.setattr(run_logging, "_glibc_tuned", False)
+    monkeypatch.setenv(run_logging.GLIBC_TUNING_ENV, "0")
+    assert run_logging.tune_glibc_malloc() is None  # the user kept glibc's defaults
+    monkeypatch.delenv(run_logging.GLIBC_TUNING_ENV)
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "0")
+    assert run_logging.tune_glibc_malloc() is None  # tuned by the environment already
+    monkeypatch.delenv("MALLOC_MMAP_MAX_")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc.so.4")
+    assert run_logging.tune_glibc_malloc() is None  # another allocator
 
 
 # ---------------------------------------------------------------------------------------------- TensorBoard

@@ -51,6 +51,45 @@ def find_allocator() -> str | None:
 GLIBC_REUSE = "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736"
 
 
+# In-process tuning (mallopt, what those variables do at start-up): training commands apply it to their own process
+# unless LMFORGE_GLIBC_TUNING=0. mallopt's value is a C int, so the trim threshold is 2 GiB - 1 rather than 64 GiB
+# (a heap top of 2 GiB free is still kept; above that glibc may trim).
+GLIBC_TUNING_ENV = "LMFORGE_GLIBC_TUNING"
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h parameter numbers
+_TRIM_THRESHOLD = 2**31 - 1
+_glibc_tuned = False
+
+
+def _glibc_is_tuned() -> bool:
+    return _glibc_tuned or "MALLOC_MMAP_MAX_" in os.environ or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
+
+
+def tune_glibc_malloc() -> str | None:
+    """Make glibc malloc reuse freed memory in THIS process, as ``GLIBC_REUSE`` does when set before start-up:
+    ``mallopt(M_MMAP_MAX, 0)`` (large tensors come from the heap instead of a fresh mapping each, whose pages fault in
+    again on every step) and ``mallopt(M_TRIM_THRESHOLD, 2 GiB)`` (the heap's free top is kept). Returns the line to
+    log the first time it applies; None when it does not apply (not Linux with glibc, tcmalloc or jemalloc
+    preloaded, glibc already tuned by the environment, ``LMFORGE_GLIBC_TUNING=0``) or was applied already.
+    The cost: the process keeps the memory of its peak step instead of returning it between steps."""
+    global _glibc_tuned
+    preload = os.environ.get("LD_PRELOAD", "")
+    if (_glibc_is_tuned() or os.environ.get(GLIBC_TUNING_ENV, "1") == "0" or not sys.platform.startswith("linux")
+            or "tcmalloc" in preload or "jemalloc" in preload or platform.libc_ver()[0] != "glibc"):
+        return None
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) != 1:
+        return None
+    _glibc_tuned = True
+    return (f"glibc malloc set to reuse freed memory in this process (M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB: fewer "
+            f"page faults per step, the process keeps its peak memory); {GLIBC_TUNING_ENV}=0 keeps glibc's defaults")
+
+
 def allocator_hint() -> str | None:
     """A hint for a faster allocator when training on CPU with glibc malloc: preload the tcmalloc (or jemalloc)
     library found on this machine; where none is installed, glibc's own ``GLIBC_REUSE`` settings (never a file that
@@ -65,8 +104,7 @@ def allocator_hint() -> str | None:
         return None
     library = find_allocator()
     if library is None:
-        tuned = "MALLOC_MMAP_MAX_" in os.environ or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
-        if tuned or platform.libc_ver()[0] != "glibc":
+        if _glibc_is_tuned() or platform.libc_ver()[0] != "glibc":
             return None
         return ("training on CPU with glibc malloc, which maps large tensors afresh on every step; no tcmalloc or "
                 f"jemalloc is installed, but starting the command with {GLIBC_REUSE} makes glibc reuse freed "

@@ -24,7 +24,7 @@ from lmforge.config import ModelConfig, TrainConfig
 from lmforge.errors import LmforgeError
 from lmforge.training import checkpoint as ckpt
 from lmforge.training import distributed as dist
-from lmforge.training.logging import allocator_hint, cpu_bf16_hint
+from lmforge.training.logging import allocator_hint, cpu_bf16_hint, tune_glibc_malloc
 from lmforge.training.precision import resolve_precision
 from lmforge.training.state import Stateful
 from lmforge.utils.compiling import check_compile, compile_backend, compile_module, is_compiled
@@ -108,10 +108,11 @@ def choose_precision(requested: str, saved: Any, model_config: ModelConfig | Non
 
 
 def log_cpu_hints(device: torch.device, precision: str) -> None:
-    """On a CPU: the allocator hint, and a warning when bf16 would be emulated (rank 0 calls this)."""
+    """On a CPU: glibc malloc tuned for this process (``tune_glibc_malloc``; every rank tunes its own in
+    ``prepare_for_fit``), the allocator hint, and a warning when bf16 would be emulated (rank 0 calls this)."""
     if device.type != "cpu":
         return
-    for level, hint in ((logging.INFO, allocator_hint()),
+    for level, hint in ((logging.INFO, tune_glibc_malloc()), (logging.INFO, allocator_hint()),
                         (logging.WARNING, cpu_bf16_hint() if precision == "bf16" else None)):
         if hint:
             log.log(level, hint)
@@ -207,6 +208,8 @@ class ModelPlacement:
     def prepare_for_fit(self) -> None:
         """DDP-wrap the forward module (a sharded model synchronises itself), then compile under ``--compile``:
         ``torch.compile(DDP(model))``, as PyTorch documents for DDP."""
+        if self.device.type == "cpu":
+            tune_glibc_malloc()  # every rank its own process (rank 0 logged it already)
         if not self.sharded:
             self.forward = dist.wrap_model(self.forward, self.dist, self.device)
         self._eval_model = self.model
