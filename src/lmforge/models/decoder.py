@@ -37,6 +37,7 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
+from lmforge.nn.capture import capturing
 from lmforge.nn.init import normal_init
 from lmforge.nn.kernels.few_rows import project_rows
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -216,13 +217,13 @@ class Decoder(PretrainedMixin, nn.Module):
         last = None  # (B,) each row's last real new token (the extract token), when there is padding
         if attention_mask is not None:
             # (formatting the sizes into the label would specialise a compiled graph on them: plain text there)
-            label = "cached + new" if torch.compiler.is_compiling() else f"cached + new = {past} + {T} = {S}"
+            label = "cached + new" if capturing() else f"cached + new = {past} + {T} = {S}"
             attention_mask = key_padding_mask(attention_mask, batch=B, length=S, length_label=label)  # (B, S) bool
             if position_ids is None and self.rotary is None:
                 position_ids = positions_from_mask(attention_mask, T)  # (B, T)
             new = attention_mask[:, past:]  # (B, T)
             last = (new * torch.arange(1, T + 1, device=new.device)).argmax(-1)  # (B,) last True; 0 if none
-            if not torch.compiler.is_compiling() and bool(attention_mask.all()):  # compiled: the mask kept
+            if not capturing() and bool(attention_mask.all()):  # compiled: the mask kept
                 attention_mask = None  # no padding: lets the kernel take its plain causal path
         if position_ids is not None and self.rotary is not None:
             raise LmforgeError(

@@ -29,6 +29,7 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 from lmforge.models.outputs import EncoderOutput
+from lmforge.nn.capture import capturing
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -256,7 +257,7 @@ class Encoder(PretrainedMixin, nn.Module):
                          alone="first_only" if first_only else None, attention_mask=key_mask)
         x = out.hidden  # (B, T, D), or (B, 1, D) with first_only
         hidden_states = out.hidden_states
-        if torch.compiler.is_compiling() and self.unpad and key_mask is not None and not attentions:
+        if capturing() and self.unpad and key_mask is not None and not attentions:
             # compiled, the layers ran on the padded rows (one graph, no data-dependent packing): zero the padded
             # positions as the unpadded eager pass leaves them
             real = key_mask[:, : x.shape[1], None].to(x.dtype)
@@ -289,7 +290,7 @@ class Encoder(PretrainedMixin, nn.Module):
         key_mask = None
         if attention_mask is not None:
             key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
-            if not torch.compiler.is_compiling() and bool(key_mask.all()):  # compiled: one graph, the mask kept
+            if not capturing() and bool(key_mask.all()):  # compiled: one graph, the mask kept
                 key_mask = None
         if position_ids is not None:
             if cfg.positional == "rotary":

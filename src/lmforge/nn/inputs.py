@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.capture import capturing
 
 __all__ = ["check_flag", "check_id_range", "check_input_ids", "check_integer_tensor", "select_layers"]
 
@@ -51,7 +52,7 @@ def check_id_range(ids: Tensor, size: int, *, name: str, what: str, limit: str) 
         what: one id, for the message (e.g. "token id").
         limit: what ``size`` is, for the message (e.g. "the vocabulary of size 99").
     """
-    if torch.compiler.is_compiling():  # a data-dependent branch would split the compiled graph: the check is the
+    if capturing():  # a data-dependent branch would split the compiled graph: the check is the
         return  # eager path's (lmforge.utils.compiling: compiled callers read ids their own tokenizer made)
     lo, hi = torch.aminmax(ids)
     if int(lo) >= 0 and int(hi) < size:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from lmforge.choices import POSITIONALS
 from lmforge.errors import LmforgeError
+from lmforge.nn.capture import capturing
 
 __all__ = ["LearnedPositional", "Positions", "RotaryEmbedding", "SinusoidalPositional", "build_positional"]
 
@@ -31,7 +32,7 @@ def _check_span(offset: int, length: int, max_len: int, what: str) -> None:
 def _check_positions(positions: Tensor, max_len: int, what: str) -> None:
     # One device sync; only paid by callers that pass explicit position ids (skipped under torch.compile, where the
     # data-dependent branch would split the graph; the positions come from lmforge's own masks there).
-    if torch.compiler.is_compiling():
+    if capturing():
         return
     lo, hi = int(positions.min()), int(positions.max())
     if lo < 0 or hi >= max_len:

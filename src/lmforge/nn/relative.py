@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.capture import capturing
 from lmforge.nn.kernels.packed_dropout import dropout
 from lmforge.nn.scores import masked_softmax
 
@@ -105,7 +106,7 @@ def _one_hot_rows(target_mapping: Tensor) -> tuple[Tensor, Tensor] | None:
     row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T), and
     under ``torch.compile``, where the data-dependent test would split the graph (the all-T path is right for any
     mapping)."""
-    if torch.compiler.is_compiling():
+    if capturing():
         return None
     top, pos = target_mapping.max(dim=-1)  # (B, N)
     total = target_mapping.sum(dim=-1)

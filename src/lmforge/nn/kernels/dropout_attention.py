@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lmforge.nn.capture import capturing
 from lmforge.nn.kernels.packed_dropout import scaled_keep_mask
 from lmforge.utils.hardware import last_level_cache_bytes
 
@@ -115,7 +116,7 @@ def dropout_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: f
             mask, heads = mask.expand(B, H, T, S).reshape(B * H, 1, T, S), 1
         bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
         valid = mask.any(-1, keepdim=True)  # (B|1|B*H, 1, T|1, 1)
-        if torch.compiler.is_compiling() or not bool(valid.all()):  # compiled: no host sync, the product fuses
+        if capturing() or not bool(valid.all()):  # compiled: no host sync, the product fuses
             rows = B * H // heads
             row_valid = valid.to(q.dtype).expand(rows, heads, T, 1).reshape(B * H, T, 1)
     if chunk is not None and chunk < 1:

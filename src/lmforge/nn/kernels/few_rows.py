@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lmforge.nn.capture import capturing
+
 __all__ = ["FORMS", "MAX_ROWS", "plain_project_rows", "project_rows"]
 
 MAX_ROWS = 16
@@ -91,10 +93,10 @@ def project_rows(x: Tensor, weight: Tensor, out: Tensor | None = None) -> Tensor
     grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     if (x.dim() != 2 or x.shape[0] > MAX_ROWS or x.shape[0] == 0 or x.device.type != "cpu"
             or weight.dim() != 2 or x.shape[1] != weight.shape[1]
-            or x.dtype != weight.dtype or not x.is_floating_point() or torch.compiler.is_compiling() or grad):
+            or x.dtype != weight.dtype or not x.is_floating_point() or capturing() or grad):
         if (out is not None and not grad and x.dim() == 2 and weight.dim() == 2
                 and out.shape == (x.shape[0], weight.shape[0]) and out.dtype == x.dtype == weight.dtype
-                and out.device == x.device and not torch.compiler.is_compiling()):
+                and out.device == x.device and not capturing()):
             return torch.mm(x, weight.t(), out=out)  # (N, V), what F.linear computes
         return F.linear(x, weight)
     return FORMS[_choose(x, weight)](x, weight)

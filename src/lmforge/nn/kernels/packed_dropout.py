@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.nn.capture import capturing
+
 __all__ = ["Dropout", "dropout", "keep_mask", "plain_dropout", "scaled_keep_mask", "uses_packed_masks"]
 
 _LANES = 2**32
@@ -45,7 +47,7 @@ def _threshold(p: float) -> tuple[int, float]:
 
 def _lanes(n: int, device: torch.device | str, generator: torch.Generator | None) -> Tensor:
     """(n,) uniform int32: the two halves of (n + 1) // 2 full-range int64 draws."""
-    if torch.compiler.is_compiling() and generator is None:  # the same numbers out of place (TorchDynamo breaks
+    if capturing() and generator is None:  # the same numbers out of place (TorchDynamo breaks
         # the graph at random_; randint_like, unlike randint, also takes symbolic sizes)
         words = torch.randint_like(torch.empty((n + 1) // 2, dtype=torch.int64, device=device), -(2**63), 2**63 - 1)
     else:

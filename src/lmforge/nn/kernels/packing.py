@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
+
+from lmforge.nn.capture import capturing
 
 __all__ = ["PACK_ABOVE", "Packing", "packed_tokenwise", "padded_tokenwise"]
 
@@ -59,7 +60,7 @@ class Packing:
     @classmethod
     def decide(cls, key_mask: Tensor | None, *, enabled: bool = True) -> Packing | None:
         """A packing for ``key_mask`` when it is worth it (see the module docstring), else None."""
-        if not enabled or key_mask is None or torch.compiler.is_compiling():  # compiled: padded rows, one graph
+        if not enabled or key_mask is None or capturing():  # compiled: padded rows, one graph
             return None
         packing = cls.from_mask(key_mask)
         if packing.index.numel() > PACK_ABOVE * key_mask.numel() or packing.index.numel() == 0:

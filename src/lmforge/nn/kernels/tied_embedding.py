@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lmforge.nn.capture import capturing
+
 __all__ = ["MAX_WALK", "embed_tokens", "find_tied_lookup", "hand_over", "plain_tied_logits", "tied_linear",
            "tied_logits"]
 
@@ -73,7 +75,7 @@ def _plain(module: nn.Embedding) -> bool:
     return (type(module) is nn.Embedding and module.padding_idx is None and module.max_norm is None
             and not module.scale_grad_by_freq and not module.sparse and not module._forward_hooks
             and not module._forward_pre_hooks and type(w) is nn.Parameter and w.device.type == "cpu"
-            and not torch.compiler.is_compiling())
+            and not capturing())
 
 
 def embed_tokens(module: nn.Embedding, input_ids: Tensor) -> Tensor:
@@ -88,7 +90,7 @@ def find_tied_lookup(x: Tensor, weight: Tensor) -> torch.autograd.graph.Node | N
     """The backward node of the ``embed_tokens`` look-up of ``weight`` that ``x`` depends on, or None (also when
     ``weight`` is not a leaf parameter needing a gradient, or the graph is larger than ``MAX_WALK`` nodes)."""
     if (x.grad_fn is None or weight.grad_fn is not None or not weight.requires_grad
-            or torch.compiler.is_compiling()):
+            or capturing()):
         return None
     lookup_cls = _TiedLookup._backward_cls  # type: ignore[attr-defined]
     seen = {x.grad_fn}
@@ -153,7 +155,7 @@ def tied_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     to the look-up (see the module docstring). Under autocast, on a GPU, or where no gradient is wanted, it is
     ``F.linear`` itself."""
     if (not torch.is_grad_enabled() or not weight.requires_grad or weight.device.type != "cpu"
-            or _cpu_autocast() or torch.compiler.is_compiling()):
+            or _cpu_autocast() or capturing()):
         return F.linear(x, weight, bias)
     return _TiedLinear.apply(x, weight, bias)
 
@@ -167,7 +169,7 @@ def tied_logits(input_ids: Tensor, weight: Tensor) -> Tensor:
         (..., V) scores for ``input_ids`` of shape (...).
     """
     if torch.is_grad_enabled() and weight.requires_grad and weight.device.type == "cpu" \
-            and not torch.compiler.is_compiling():
+            and not capturing():
         return tied_linear(_TiedLookup.apply(input_ids, weight), weight)
     return tied_linear(F.embedding(input_ids, weight), weight)
 
