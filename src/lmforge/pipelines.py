@@ -161,10 +161,13 @@ class TextClassificationPipeline(_TaskPipeline):
 
 
 def word_spans(tokenizer: Any, text: str) -> list[tuple[int, int]]:
-    """Character spans of the words the tokenizer splits ``text`` into (whitespace and punctuation)."""
+    """Character spans of the words the tokenizer splits ``text`` into (whitespace and punctuation; a byte-level
+    BPE's runs of spaces, which are words of its own with empty spans, are left out)."""
     _, offsets, words = tokenizer.encode_text(text)
     spans: dict[int, list[int]] = {}
     for (start, end), w in zip(offsets, words, strict=True):
+        if start == end or text[start:end].isspace():
+            continue
         span = spans.setdefault(w, [start, end])
         span[0], span[1] = min(span[0], start), max(span[1], end)
     return [(s, e) for _, (s, e) in sorted(spans.items())]

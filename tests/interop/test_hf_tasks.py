@@ -280,3 +280,40 @@ def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp
             probs = torch.softmax(hf(**fast(text, return_tensors="pt")).logits, -1)[0]
             ours = torch.tensor([row["probabilities"][label] for label in LABELS["ForSequenceClassification"]])
             close(ours, probs)
+
+
+def test_a_roberta_tagger_fine_tunes_on_words_and_finds_entities_in_raw_text(tmp_path: Path, bbc_dir: Path) -> None:
+    # byte-level BPE in token tasks: each word after the first is encoded with its space (" Paris"), and the NER
+    # pipeline's words come from the tokenizer's offsets (trimmed of the spaces the tokens carry)
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:60]]
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train(files, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                             pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast.save_pretrained(tmp_path / "hf")
+    config = family_config("roberta")
+    config.vocab_size, config.max_position_embeddings = len(fast), 66
+    hf_model("RobertaModel", config, seed=3).save_pretrained(tmp_path / "hf")
+    places, others = ["Paris", "London", "Tokyo", "Berlin"], ["the", "market", "rose", "in", "shares", "fell"]
+    lines = []
+    for i in range(40):
+        words = [others[i % 6], others[(i + 1) % 6], "in", places[i % 4], "."]
+        tags = ["O", "O", "O", "B-LOC", "O"]
+        lines += [f"{w} {t}" for w, t in zip(words, tags, strict=True)] + [""]
+    (tmp_path / "train.conll").write_text("\n".join(lines), encoding="utf-8")
+    assert main(["-q", "finetune", "--task", "token", "--model", str(tmp_path / "hf"), "--train",
+                 str(tmp_path / "train.conll"), "--dev", str(tmp_path / "train.conll"), "--out", str(tmp_path / "run"),
+                 "--epochs", "20", "--lr", "1e-2", "--batch-size", "8"]) == 0
+    import lmforge
+
+    text = "Shares fell in  Berlin, the market rose in Paris!"
+    entities = lmforge.pipeline("token-classification", model=tmp_path / "run")(text)
+    assert entities and all(text[e["start"]:e["end"]] == e["word"] for e in entities)
+    assert {e["word"] for e in entities} <= {"Berlin", "Paris"} and all(e["entity_group"] == "LOC" for e in entities)

@@ -407,5 +407,31 @@ def test_called_like_transformers_gpt2_tokenizer(tok, bpe_dir):
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
     assert torch.equal(ours["attention_mask"], theirs["attention_mask"])
     assert not tok.wraps_texts and tok.mask_id is None
-    with pytest.raises(LmforgeError, match="offsets and word ids"):
-        tok("Hello world", return_offsets=True)
+    enc = tok("Hello world", return_offsets=True, return_word_ids=True)  # GPT-2's template adds nothing
+    _, offsets, words = tok.encode_text("Hello world")
+    assert enc["offsets"] == offsets and enc["word_ids"] == words
+
+
+# ------------------------------------------------------------------------------- offsets and words (token tasks)
+def test_offsets_and_word_ids_match_hugging_face_with_trimmed_offsets(tok, bpe_dir):
+    """encode_text gives Hugging Face's ids, offsets (``trim_offsets``, RoBERTa's setting) and word ids."""
+    trimmed = hf_tokenizers.ByteLevelBPETokenizer(str(bpe_dir / "vocab.json"), str(bpe_dir / "merges.txt"),
+                                                  trim_offsets=True)
+    trimmed.add_special_tokens([EOT])
+    for text in [*HELD_OUT, *TRAIN[:9], f"a {EOT} b", "Paris,  London!", *_random_texts(3, 40)]:
+        ids, offsets, words = tok.encode_text(text)
+        want = trimmed.encode(text)
+        assert ids == want.ids and ids == tok.encode_ids(text), text
+        assert offsets == [tuple(o) for o in want.offsets], text
+        assert words == list(want.word_ids), text
+
+
+def test_words_of_a_sentence_are_encoded_with_the_space_before_them(tok):
+    from lmforge.data.token_features import split_words
+    from lmforge.pipelines import word_spans
+
+    pieces, kept = split_words(["Paris", "is", "big", "."], tok, max_length=64)
+    assert pieces == [tok.encode_ids("Paris"), tok.encode_ids(" is"), tok.encode_ids(" big"), tok.encode_ids(" .")]
+    assert kept == 4 and tok.words_need_spaces
+    text = "Paris,  London!\nRome"
+    assert [text[s:e] for s, e in word_spans(tok, text)] == ["Paris", ",", "London", "!", "Rome"]

@@ -36,13 +36,17 @@ def split_words(words: Sequence[str], tokenizer: Any, max_length: int) -> tuple[
 
     Args:
         words: the sentence's words.
-        tokenizer: a ``WordPieceTokenizer`` (uses ``encode_ids`` and ``unk_id``).
+        tokenizer: a ``WordPieceTokenizer`` (uses ``encode_ids`` and ``unk_id``), or a tokenizer whose tokens carry
+            the space before a word (``words_need_spaces``: byte-level BPE), whose words after the first are then
+            encoded with that space, as the sentence written out would be (Hugging Face's ``add_prefix_space``
+            gives every word one; GPT-2 and RoBERTa saw a sentence's first word without).
         max_length: the limit in tokens, specials included (>= 2).
 
     Returns:
         (pieces of every word — never empty —, number of leading words that fit).
     """
-    pieces = [tokenizer.encode_ids(w) or [tokenizer.unk_id] for w in words]
+    spaced = bool(getattr(tokenizer, "words_need_spaces", False))
+    pieces = [tokenizer.encode_ids(" " + w if spaced and i else w) or [tokenizer.unk_id] for i, w in enumerate(words)]
     budget, kept = max_length - 2, 0
     for p in pieces:
         if len(p) > budget:

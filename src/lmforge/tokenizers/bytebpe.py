@@ -332,9 +332,70 @@ class ByteLevelBPETokenizer(ModelInputs):
                                f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
                                "fix the text's decoding") from None
 
-    def encode_text(self, text: str) -> Any:
-        raise LmforgeError("character offsets and word ids of byte-level BPE tokens are not supported yet (a byte "
-                           "token may hold part of a character); token-level tasks need a WordPiece tokenizer")
+    def encode_text(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+        """Token ids, character offsets and word indices of one text (no tokens added around it).
+
+        Words are the pre-tokenisation's (GPT-2's pattern: a word with the space before it, a run of punctuation, a
+        run of spaces; an added token is a word of its own), as Hugging Face's ``word_ids``. A token's offsets are
+        the characters its bytes come from, without the spaces it carries (Hugging Face's ``trim_offsets``,
+        RoBERTa's setting: " Paris" is (1, 6) in " Paris"; a token of spaces only gets an empty span); a character
+        whose UTF-8 bytes are split between two tokens belongs to both.
+        """
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        words: list[int] = []
+        n_words = 0
+        try:
+            for start, end, added in self._pieces(text):
+                if added:
+                    ids.append(self.vocab[text[start:end]])
+                    offsets.append((start, end))
+                    words.append(n_words)
+                    n_words += 1
+                    continue
+                for m in self._pattern.finditer(text, start, end):
+                    self._word_offsets(m.group(), m.start(), n_words, ids, offsets, words)
+                    n_words += 1
+        except UnicodeEncodeError as err:
+            raise LmforgeError(f"the text holds a lone surrogate {err.object[err.start]!r} (within "
+                               f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
+                               "fix the text's decoding") from None
+        return ids, offsets, words
+
+    def _pieces(self, text: str) -> list[tuple[int, int, bool]]:
+        """``(start, end, is_added_token)`` runs of ``text`` around the added tokens written in it."""
+        out, pos = [], 0
+        if self._added_re is not None:
+            for m in self._added_re.finditer(text):
+                if m.start() > pos:
+                    out.append((pos, m.start(), False))
+                out.append((m.start(), m.end(), True))
+                pos = m.end()
+        if pos < len(text):
+            out.append((pos, len(text), False))
+        return out
+
+    def _word_offsets(self, word: str, base: int, index: int, ids: list[int], offsets: list[tuple[int, int]],
+                      words: list[int]) -> None:
+        """Append one pre-token's ids, character offsets (``base`` + position, leading spaces trimmed) and word."""
+        word_ids = self._word_ids(word)
+        char_of_byte = [i for i, c in enumerate(word) for _ in range(len(c.encode("utf-8")))]
+        b = 0
+        space = BYTE_TO_CHAR[ord(" ")]
+        for token_id in word_ids:
+            token = self.ids_to_tokens[token_id]  # one character per byte
+            first, last = char_of_byte[b], char_of_byte[b + len(token) - 1] + 1
+            # trim the spaces the token carries (Hugging Face's rule: a token of spaces only ends up empty)
+            leading, trailing = len(token) - len(token.lstrip(space)), len(token) - len(token.rstrip(space))
+            if leading == 1 and base + first == 0:  # the text's first token keeps one leading space, as theirs
+                leading = 0
+            first = min(first + leading, last)
+            if trailing and last >= trailing:
+                last = max(last - trailing, first)
+            ids.append(token_id)
+            offsets.append((base + first, base + last))
+            words.append(index)
+            b += len(token)
 
     @property
     def wraps_texts(self) -> bool:
@@ -345,15 +406,30 @@ class ByteLevelBPETokenizer(ModelInputs):
         """RoBERTa's template adds 2 (4 for a pair), GPT-2's none."""
         return (4 if pair else 2) if self.wraps_texts else 0
 
+    @property
+    def words_need_spaces(self) -> bool:
+        """A word's tokens carry the space before it (" Paris" is not "Paris"): a sentence given as words is encoded
+        word by word with a space before every word but the first (``lmforge.data.token_features``), as the words
+        joined by spaces would be."""
+        return True
+
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
-        ids = list(a[0])  # offsets and word ids were refused by encode_text before this
-        if self.wraps_texts:
-            ids = [self.bos_id, *ids, self.eos_id]
-            if b is not None:
-                ids += [self.eos_id, *b[0], self.eos_id]
-        elif b is not None:
-            ids += b[0]
-        return {"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)}
+        def wrap(part: list, special: Any, b_part: list | None) -> list:  # the template around ids, offsets or words
+            if self.wraps_texts:
+                out = [special, *part, special]
+                return out if b_part is None else [*out, special, *b_part, special]
+            return list(part) if b_part is None else [*part, *b_part]
+
+        ids = wrap(a[0], None, None if b is None else b[0])
+        if self.wraps_texts:  # <s> A </s> (</s> B </s>)
+            ids[0] = self.bos_id
+            ids = [self.eos_id if (i and x is None) else x for i, x in enumerate(ids)]
+        row: dict[str, list] = {"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)}
+        if return_offsets:
+            row["offsets"] = wrap(a[1], (0, 0), None if b is None else b[1])
+        if return_word_ids:
+            row["word_ids"] = wrap(a[2], None, None if b is None else b[2])
+        return row
 
     def tokenize(self, text: str) -> list[str]:
         """The tokens of ``text`` as strings (byte characters: a leading space shows as ``Ġ``)."""
