@@ -343,17 +343,27 @@ class FillMaskPipeline:
             probs = out.mlm_logits.float().softmax(-1).cpu()  # (N, V), masks in row-major order
             top = probs.topk(self.top_k, dim=-1)
             n = 0
+            # a byte-level BPE's token is bytes ("ĠParis"): shown decoded (" Paris"), and the filled sentence is the
+            # decoded ids, as transformers' fill-mask pipeline writes them
+            spaced = bool(getattr(tok, "words_need_spaces", False))
             for i in range(len(chunk)):
                 per_mask = []
                 for _ in range(int(masked[i].sum())):
-                    per_mask.append([{"token": tok.convert_ids_to_tokens([int(t)])[0], "token_id": int(t),
-                                      "score": float(s)} for s, t in zip(top.values[n], top.indices[n], strict=True)])
+                    per_mask.append([{"token": _shown(tok, int(t), spaced), "token_id": int(t), "score": float(s)}
+                                     for s, t in zip(top.values[n], top.indices[n], strict=True)])
                     n += 1
                 if len(per_mask) == 1:  # one mask: the filled sentence too
+                    real = ids[i][batch["attention_mask"][i].cpu().bool()]
                     for cand in per_mask[0]:
-                        cand["sequence"] = filled(chunk[i], tok.mask_token, cand["token"])
+                        cand["sequence"] = (tok.decode(real.masked_fill(real == tok.mask_id, cand["token_id"]).tolist())
+                                            if spaced else filled(chunk[i], tok.mask_token, cand["token"]))
                 results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
         return results[0] if single else results
+
+
+def _shown(tokenizer: Any, token_id: int, decoded: bool) -> str:
+    """A fill-mask candidate as shown: its vocabulary entry, or (byte-level BPE) its decoded text."""
+    return tokenizer.decode([token_id]) if decoded else tokenizer.convert_ids_to_tokens([token_id])[0]
 
 
 def filled(text: str, mask: str, token: str) -> str:

@@ -317,3 +317,34 @@ def test_a_roberta_tagger_fine_tunes_on_words_and_finds_entities_in_raw_text(tmp
     entities = lmforge.pipeline("token-classification", model=tmp_path / "run")(text)
     assert entities and all(text[e["start"]:e["end"]] == e["word"] for e in entities)
     assert {e["word"] for e in entities} <= {"Berlin", "Paris"} and all(e["entity_group"] == "LOC" for e in entities)
+
+
+def test_fill_mask_on_a_roberta_folder_equals_transformers_pipeline(tmp_path: Path, bbc_dir: Path) -> None:
+    # byte-level BPE in fill-mask: candidates shown decoded (" market", not "Ġmarket") and the filled sentence
+    # decoded, with transformers' ids and scores
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    import lmforge
+
+    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:60]]
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train(files, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                             pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast.save_pretrained(tmp_path / "hf")
+    config = family_config("roberta")
+    config.vocab_size, config.max_position_embeddings = len(fast), 66
+    hf = hf_model("RobertaForMaskedLM", config, seed=4)
+    hf.save_pretrained(tmp_path / "hf")
+    text = "Shares in the <mask> rose on Monday."
+    ours = lmforge.pipeline("fill-mask", model=tmp_path / "hf", top_k=3)(text)
+    theirs = transformers.pipeline("fill-mask", model=hf, tokenizer=fast, top_k=3)(text)
+    assert [c["token_id"] for c in ours] == [c["token"] for c in theirs]
+    assert [c["token"] for c in ours] == [c["token_str"] for c in theirs]
+    assert [c["sequence"] for c in ours] == [c["sequence"] for c in theirs]
+    close(torch.tensor([c["score"] for c in ours]), torch.tensor([c["score"] for c in theirs]))
