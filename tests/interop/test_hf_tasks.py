@@ -323,9 +323,8 @@ def test_fill_mask_on_a_roberta_folder_equals_transformers_pipeline(tmp_path: Pa
     # byte-level BPE in fill-mask: candidates shown decoded (" market", not "Ġmarket") and the filled sentence
     # decoded, with transformers' ids and scores
     tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
     import lmforge
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
     files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:60]]
     tok = tokenizers.Tokenizer(models.BPE())
