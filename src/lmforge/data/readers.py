@@ -604,19 +604,27 @@ def read_conll(path: str | Path, *, require_tags: bool = True, tokens_column: st
     return sentences
 
 
+_TAG_LIKE = re.compile(r"(O|[BIESLU][-_]\S+)")  # a BIO / BIOES / BILOU tag: the last column of a tagged CoNLL line
+
+
 def _is_running_text(text: str) -> bool:
     """Whether an untagged file is sentences, one per line, rather than CoNLL columns: no blank line between its
-    lines and not the same number of whitespace-separated fields on every line (a CoNLL file of one sentence
-    has the same number of columns on every line; a single line counts as text from three words on)."""
+    lines, and either not the same number of whitespace-separated fields on every line (a CoNLL file of one
+    sentence has the same number of columns on every line; a single line counts as text from three words on), or
+    the same number of two or more on every line while no line ends with a tag (sentences that happen to have
+    equal lengths; a CoNLL file with columns ends its lines with tags, "O" at least once)."""
     lines = [line.strip(" \t") for line in _lines(text)]
     while lines and not lines[-1]:
         lines.pop()
     if not lines or any(not line for line in lines) or any(line.startswith(_DOCSTART) for line in lines):
         return False
-    widths = {len(_COLUMN_SEPARATOR.split(line)) for line in lines}
+    fields = [_COLUMN_SEPARATOR.split(line) for line in lines]
+    widths = {len(f) for f in fields}
     # one line: "a O" is a one-token CoNLL file, a line of three or more words a sentence (a one-token file with
     # three columns or more is not a plausible input)
-    return len(widths) > 1 or (len(lines) == 1 and max(widths) >= 3)
+    if len(widths) > 1 or (len(lines) == 1 and max(widths) >= 3):
+        return True
+    return len(lines) > 1 and max(widths) >= 2 and not any(_TAG_LIKE.fullmatch(f[-1]) for f in fields)
 
 
 def _tagged_table(path: Path, *, require_tags: bool, tokens_column: str,
