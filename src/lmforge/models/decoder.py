@@ -223,7 +223,7 @@ class Decoder(PretrainedMixin, nn.Module):
                 position_ids = positions_from_mask(attention_mask, T)  # (B, T)
             new = attention_mask[:, past:]  # (B, T)
             last = (new * torch.arange(1, T + 1, device=new.device)).argmax(-1)  # (B,) last True; 0 if none
-            if not capturing() and bool(attention_mask.all()):  # compiled: the mask kept
+            if bool(attention_mask.all()):  # (compiled too: a graph break, but the plain causal kernel is faster)
                 attention_mask = None  # no padding: lets the kernel take its plain causal path
         if position_ids is not None and self.rotary is not None:
             raise LmforgeError(

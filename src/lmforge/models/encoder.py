@@ -29,7 +29,6 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 from lmforge.models.outputs import EncoderOutput
-from lmforge.nn.capture import capturing
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -257,13 +256,6 @@ class Encoder(PretrainedMixin, nn.Module):
                          alone="first_only" if first_only else None, attention_mask=key_mask)
         x = out.hidden  # (B, T, D), or (B, 1, D) with first_only
         hidden_states = out.hidden_states
-        if capturing() and self.unpad and key_mask is not None and not attentions:
-            # compiled, the layers ran on the padded rows (one graph, no data-dependent packing): zero the padded
-            # positions as the unpadded eager pass leaves them
-            real = key_mask[:, : x.shape[1], None].to(x.dtype)
-            x = x * real
-            if hidden_states is not None:
-                hidden_states = tuple(h * key_mask[..., None].to(h.dtype) for h in hidden_states)
         pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
         return EncoderOutput(x, pooled, hidden_states, out.attentions)
 
@@ -290,7 +282,7 @@ class Encoder(PretrainedMixin, nn.Module):
         key_mask = None
         if attention_mask is not None:
             key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
-            if not capturing() and bool(key_mask.all()):  # compiled: one graph, the mask kept
+            if bool(key_mask.all()):  # (compiled too: a graph break, but the unmasked kernel is much faster)
                 key_mask = None
         if position_ids is not None:
             if cfg.positional == "rotary":

@@ -134,8 +134,8 @@ def sdpa_attention(
         is_causal = False
     if dropout_p > 0.0 and uses_packed_masks(q):
         # torch's CPU SDPA has no fused kernel with dropout: its math path, with a mask a third as costly
-        # compiled: the same mask written out for autograd (the cache-sized chunks are Python loops over concrete
-        # sizes, which would specialise the graph on every length)
+        # compiled: the same mask written out for autograd; the cache-sized chunks are Python loops over concrete
+        # sizes, which would compile again for every new length (4% slower a step at bert-mini's size, BENCHMARKS)
         kernel = plain_dropout_attention if capturing() else dropout_attention
         return kernel(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), dropout_p, scale)
     if mask is None and (not is_causal or T == S):
@@ -144,7 +144,7 @@ def sdpa_attention(
     assert mask is not None
     safe_mask, row_valid = guard_empty_rows(mask)  # (B|1, H|1, T, S), (B|1, H|1, T, 1)
     # the usual case (right padding, no empty rows): skip two full-size copies (compiled: the general path, one graph)
-    if not capturing() and bool(row_valid.all()):
+    if bool(row_valid.all()):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(~row_valid, 0.0)  # (B, H, T, Dh)

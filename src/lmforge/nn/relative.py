@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.capture import capturing
 from lmforge.nn.kernels.packed_dropout import dropout
 from lmforge.nn.scores import masked_softmax
 
@@ -103,11 +102,7 @@ def rel_shift(x: Tensor, k_len: int) -> Tensor:
 
 def _one_hot_rows(target_mapping: Tensor) -> tuple[Tensor, Tensor] | None:
     """(position (B, N), real (B, N) 0/1) when every row of ``target_mapping`` is one-hot or all zero (a padding
-    row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T), and
-    under ``torch.compile``, where the data-dependent test would split the graph (the all-T path is right for any
-    mapping)."""
-    if capturing():
-        return None
+    row), as the data plans make it; None for a row that mixes positions (then the query stream runs at all T)."""
     top, pos = target_mapping.max(dim=-1)  # (B, N)
     total = target_mapping.sum(dim=-1)
     if not bool((((top == 1) & (total == 1)) | ((top == 0) & (total == 0))).all()):

@@ -15,13 +15,14 @@ What it does
   when a dimension changes, the next compile makes it symbolic, so batches of varying length cost one more compile,
   not one per batch. Recompiles per function are capped at ``RECOMPILE_LIMIT``; hitting the cap logs a warning
   (the function then runs uncompiled) and says what to do.
-* **Graphs**: a Transformer compiles to one graph (``tests/training/test_compile_graphs.py``). lmforge's own
-  data-dependent steps test ``torch.compiler.is_compiling()`` and take their general path while TorchDynamo traces:
-  the token-id range checks are skipped (the eager path keeps them; compiled callers read ids their tokenizer made),
-  unpadding is off (the encoder zeroes its padded outputs as the unpadded pass would), the all-real-mask and
-  empty-row shortcuts and XLNet's one-hot test of ``target_mapping`` are not taken, attention dropout uses the
-  same packed mask written out for autograd instead of its cache-sized chunks, and shape-check messages are
-  formatted only on failure (a size formatted into a string would specialise the graph on it).
+* **Graphs**: while TorchDynamo traces (``lmforge.nn.capture.capturing()``) the token-id range checks are skipped
+  (the eager path keeps them; compiled callers read ids their tokenizer made), attention dropout uses the same
+  packed mask written out for autograd instead of its cache-sized chunks (whose Python loops would compile again
+  for every length), and shape-check messages are formatted only on failure (a size formatted into a string would
+  specialise the graph on it). So a batch without padding is one graph per Transformer family, and new lengths
+  reuse it after the automatic-dynamic recompile (``tests/training/test_compile_graphs.py``). A padded batch keeps
+  its breaks at unpadding and the all-real-mask shortcut: on a CPU, running the real tokens only is worth more than
+  one graph (folding them in made compiled inference on padded batches 0.66x eager).
 * **Errors**: where compiling is impossible (no C++ compiler for inductor on a CPU, no Triton on a GPU, a Python
   TorchDynamo does not support) ``check_compile`` raises an ``LmforgeError`` naming ``--compile`` before any work;
   a backend failure at the first step (or any later recompile) becomes one too (``compile_errors``), never a

@@ -27,8 +27,6 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from lmforge.nn.capture import capturing
-
 __all__ = ["PACK_ABOVE", "Packing", "packed_tokenwise", "padded_tokenwise"]
 
 # Pack only when at most this share of the positions is real (measured: at 0.9 real the saving and the gather and
@@ -60,8 +58,8 @@ class Packing:
     @classmethod
     def decide(cls, key_mask: Tensor | None, *, enabled: bool = True) -> Packing | None:
         """A packing for ``key_mask`` when it is worth it (see the module docstring), else None."""
-        if not enabled or key_mask is None or capturing():  # compiled: padded rows, one graph
-            return None
+        if not enabled or key_mask is None:  # (compiled too: unpadding's data-dependent size breaks the graph, but
+            return None  # computing only the real tokens is worth more than one graph on a CPU: BENCHMARKS, issue 39)
         packing = cls.from_mask(key_mask)
         if packing.index.numel() > PACK_ABOVE * key_mask.numel() or packing.index.numel() == 0:
             return None
