@@ -45,8 +45,9 @@ XLNET_ATTN_TYPES = ("bi", "uni")
 SCHEDULES = ("linear", "cosine", "constant", "inverse_sqrt", "slanted_triangular")
 PRECISIONS = ("fp32", "bf16", "auto")  # auto: lmforge.training.precision
 PARALLELS = ("ddp", "fsdp")  # TrainConfig.parallel: how several processes spread the model
-# adamw: decoupled weight decay (Loshchilov & Hutter 2019); lamb: LAMB (You et al. 2020), layer-wise trust ratios
-OPTIMIZERS = ("adamw", "lamb")
+# adamw: decoupled weight decay (Loshchilov & Hutter 2019); lamb: LAMB (You et al. 2020), layer-wise trust ratios;
+# nt_asgd: SGD, then the average of its iterates once the held-out loss stops improving (Merity et al. 2018)
+OPTIMIZERS = ("adamw", "lamb", "nt_asgd")
 
 # pretraining data (DataConfig): lmforge.data.masking.mask_tokens
 MASKINGS = ("token", "whole_word", "span", "ngram")

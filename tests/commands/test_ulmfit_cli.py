@@ -110,6 +110,25 @@ def test_generate_continues_a_prompt_from_the_lm_run(ulmfit, capsys):
     assert json.loads(line)["prompt"] == "the company said"
 
 
+def test_stage_a_with_the_papers_initialisation_and_nt_asgd(ulmfit, tmp_path, capsys):
+    from lmforge.training import latest_checkpoint, load_trainer_state
+
+    out = tmp_path / "nt"
+    args = ["pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--input", str(ulmfit / "data_a"),
+            "--out", str(out), "--batch-size", "4", "--seq-len", "20", "--train.lr=30", "--train.optimizer=nt_asgd",
+            "--train.max_grad_norm=0.25", "--train.schedule=constant", "--train.warmup_steps=0",
+            "--model.init_range=0.1", *TINY]
+    assert main([*args, "--max-steps", "2"]) != 0  # no evaluation: the trigger could never fire
+    assert "optimizer nt_asgd starts averaging when the held-out loss stops improving" in capsys.readouterr().err
+    assert main(["-q", *args, "--max-steps", "3", "--eval-every", "1", "--train.nonmono=2"]) == 0
+    trigger = load_trainer_state(latest_checkpoint(out))["components"]["optimizer"]["nt_asgd"]
+    evals = [r["eval_loss"] for r in records(out) if "eval_loss" in r]
+    assert trigger["logs"] == pytest.approx(evals) and trigger["trigger_step"] is None  # 3 checks: n = 2 needs 3+
+    assert main(["-q", *args, "--max-steps", "5", "--eval-every", "1", "--train.nonmono=2", "--resume", "auto"]) == 0
+    assert [r["step"] for r in records(out) if "eval_loss" in r] == [1, 2, 3, 4, 5]
+    assert load_pretrained(out).config.init_range == 0.1
+
+
 def test_a_corpus_too_small_for_the_bptt_length(ulmfit, tmp_path, capsys):
     code = main(["pretrain", "--preset", "awd-lstm-small", "--objective", "awd_lm", "--input", str(ulmfit / "data_a"),
                  "--out", str(tmp_path / "x"), "--max-steps", "2", "--batch-size", "4", "--seq-len", "100000",

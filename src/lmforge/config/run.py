@@ -103,6 +103,9 @@ class TrainConfig:
     stlr_cut_frac: float = 0.1  # schedule slanted_triangular (ULMFiT eq. 3): the fraction of steps that increase
     stlr_ratio: float = 32.0  # ... and how much smaller the lowest lr is than the peak
     max_grad_norm: float = 1.0
+    # optimizer nt_asgd (Merity et al. 2018, Algorithm 1): the non-monotone interval n; the averaging starts at the
+    # first evaluation whose eval_loss is worse than the best one before the last n (lmforge.training.ntasgd)
+    nonmono: int = 5
     # fp32; bf16 (autocast); auto: bf16 only where the device runs it natively and measurably faster for this model
     # (lmforge.training.precision), decided once per run and kept on resume
     precision: str = "fp32"
@@ -140,7 +143,7 @@ class TrainConfig:
             problems.append(f"schedule={self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.precision not in PRECISIONS:
             problems.append(f"precision={self.precision!r} is not one of {', '.join(PRECISIONS)}")
-        for name in ("max_steps", "batch_size", "log_every", "eval_batches"):
+        for name in ("max_steps", "batch_size", "log_every", "eval_batches", "nonmono"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:

@@ -74,12 +74,23 @@ __all__ = ["AWDLSTM", "AWDLSTMOutput", "LSTMState"]
 
 LSTMState = list[tuple[Tensor, Tensor]]
 
-# The embedding's initial range. Merity et al.'s code (and fastai) draw U(-0.1, 0.1) and train with SGD at lr 30 (or
-# long Adam runs); at that scale the first layer's input pre-activations have a std of about 0.02 (paper sizes), and
-# with Adam at lr 1e-3..1e-2 the LSTM saturates on its biases before it learns to read its input: awd-lstm-small on
-# BBC News sat at the unigram loss (3.9) for 125 steps, and a 1-layer toy LM on a 7-token cycle stayed at ln 7 after
-# 150 steps (loss 0.015 with U(-1, 1)). Deviation: U(-1, 1), pre-activation std about 0.2.
-EMBEDDING_INIT = 1.0
+# The embedding's initial range (``config.init_range``; every other weight is drawn as Merity et al.'s code and fastai
+# draw it: the LSTM keeps PyTorch's U(-1/sqrt(H), 1/sqrt(H)) for weights and biases, the decoder bias is 0).
+# Merity et al. and fastai (``AWD_LSTM.initrange``) draw U(-0.1, 0.1); lmforge's default is U(-1, 1) for Adam, and the
+# paper's 0.1 (``--model.init_range=0.1``) goes with the paper's optimizer (SGD / NT-ASGD, lr 30, clipping 0.25).
+# Why (issue 38; BENCHMARKS.md, "Issue 38: AWD-LSTM"): with a 0.1 embedding the input-dependent part of every
+# gradient is about 10x weaker (the logits depend on the input through E^T J E_x: the scale squared), while the part
+# that fits the unigram distribution through a constant LSTM output (logits E_v . h, h the same at every step) is not.
+# SGD moves each weight in proportion to its gradient, so the LSTM hardly moves while the decoder bias learns the
+# unigram, and then learns to read its input. Adam moves every weight by about lr per step whatever the size of its
+# gradient, and the dominant direction for the LSTM's weights is the unigram one: within 20 steps its gates saturate
+# on that constant output (toy LM: mean |h| 0.96, its variation over time 0.11, against 0.66 and 0.57 with U(-1, 1)),
+# dh/dx vanishes and the input is never read. A plain PyTorch AWD-LSTM (none of lmforge's code) stalls the same way;
+# dropout, clipping, Adam's eps and betas (fastai's 0.99 / 1e-5 included) and the rare rows of the embedding do not
+# matter; freezing the LSTM for the first 40 Adam steps, or SGD at lr 30, escapes (benchmarks/bench_awd_init.py).
+# On BBC News, awd-lstm-small with U(-0.1, 0.1) and AdamW (lr 3e-3, STLR) was still at the unigram loss after 1,000
+# steps (held-out 6.99, the accuracy of always guessing the most frequent token); with U(-1, 1), 5.80 (perplexity
+# 329); with U(-0.1, 0.1) and NT-ASGD at lr 30, 5.72 (305).
 
 
 class AWDLSTMOutput(EncoderOutput):
@@ -120,8 +131,9 @@ class AWDLSTM(PretrainedMixin, nn.Module):
     used: the Transformer fields, ``rnn_cell`` (always LSTM), ``bidirectional`` (a backward LM is this model with
     ``reverse=True``: see the module docstring), ``dropout``.
 
-    Initialisation: embedding U(-1, 1) with a zero padding row (deviation from Merity et al.'s U(-0.1, 0.1): see
-    ``EMBEDDING_INIT``), decoder bias 0, LSTM PyTorch's default U(-1/sqrt(H), 1/sqrt(H)).
+    Initialisation (new models only; a loaded folder keeps its weights): embedding U(-init_range, init_range) with a
+    zero padding row (default 1.0 for Adam; the paper's 0.1 for SGD / NT-ASGD: see the comment above
+    ``AWDLSTMOutput`` for why), decoder bias 0, LSTM PyTorch's default U(-1/sqrt(H), 1/sqrt(H)).
 
     State-dict keys: ``embeddings.weight`` (V, D), ``layers.{l}.rnn.{weight,bias}_{ih,hh}_l0``, ``lm_bias`` (V,); the
     layer groups of discriminative fine-tuning and gradual unfreezing are ``embeddings``, ``layers.{l}``, and what
@@ -140,7 +152,7 @@ class AWDLSTM(PretrainedMixin, nn.Module):
         self.layers = nn.ModuleList(WeightDropLSTM(widths[i], widths[i + 1], config.weight_p) for i in range(L))
         self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size))
         with torch.no_grad():
-            nn.init.uniform_(self.embeddings.weight, -EMBEDDING_INIT, EMBEDDING_INIT)
+            nn.init.uniform_(self.embeddings.weight, -config.init_range, config.init_range)
             self.embeddings.weight[config.pad_token_id].zero_()
 
     def get_input_embeddings(self) -> nn.Embedding:

@@ -324,6 +324,9 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": fallback})
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
+    if run.train.optimizer == "nt_asgd" and (evaluation is None or not run.train.eval_every):
+        raise LmforgeError("optimizer nt_asgd starts averaging when the held-out loss stops improving: it needs "
+                           "held-out documents (data.eval_fraction > 0) and an evaluation cadence (--eval-every N)")
     model, config, _ = build_pretraining_model(run, tokenizer.vocab_size, tokenizer.pad_id)  # config, head travel
     for split_data in (train, evaluation):  # a backward AWD-LSTM LM reads the stream right to left
         if isinstance(split_data, LMStreamData):

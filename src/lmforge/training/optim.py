@@ -1,5 +1,6 @@
-"""AdamW with decoupled weight decay (Loshchilov & Hutter, 2019) or LAMB (You et al., 2020), and the learning-rate
-schedules of the papers.
+"""AdamW with decoupled weight decay (Loshchilov & Hutter, 2019), LAMB (You et al., 2020) or NT-ASGD (Merity et al.
+2018: SGD, then the average of its iterates; ``lmforge.training.ntasgd``), and the learning-rate schedules of the
+papers.
 
 Weight decay applies to matrices (linear and embedding weights) only: biases, LayerNorm parameters and every other
 parameter with fewer than two dimensions are excluded, as in BERT (google-research/bert ``optimization.py``) and
@@ -24,6 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from lmforge.config import TrainConfig
 from lmforge.errors import LmforgeError
+from lmforge.training.ntasgd import NTASGD
 
 NORM_TYPES: tuple[type, ...] = tuple(
     t for t in (nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None), nn.modules.batchnorm._BatchNorm) if t)
@@ -141,13 +143,15 @@ class Lamb(torch.optim.Optimizer):
 
 
 # the optimizer of each name in lmforge.choices.OPTIMIZERS
-OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "lamb": Lamb}
+OPTIMIZER_CLASSES: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "lamb": Lamb,
+                                                             "nt_asgd": NTASGD}
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig,
                     lr_scales: dict[str, float] | None = None) -> torch.optim.Optimizer:
-    """``config.optimizer`` (AdamW or ``Lamb``) over the trainable parameters, grouped by weight decay (on / off) and
-    learning-rate multiplier. With LAMB the no-decay groups also skip the trust ratio (``adapt=False``).
+    """``config.optimizer`` (AdamW, ``Lamb`` or ``NTASGD``) over the trainable parameters, grouped by weight decay (on
+    / off) and learning-rate multiplier. With LAMB the no-decay groups also skip the trust ratio (``adapt=False``).
+    NT-ASGD takes ``lr``, ``weight_decay`` (as L2) and ``nonmono``; the betas and eps are Adam's and unused.
 
     Args:
         model: the plain (unwrapped) module, already on its device.
@@ -172,6 +176,11 @@ def build_optimizer(model: nn.Module, config: TrainConfig,
     options = dict(lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps)
     if config.optimizer not in OPTIMIZER_CLASSES:  # TrainConfig validates it; internal invariant
         raise LmforgeError(f"unknown optimizer {config.optimizer!r}; choose one of {', '.join(OPTIMIZER_CLASSES)}")
+    if config.optimizer == "nt_asgd":
+        if config.parallel == "fsdp":
+            raise LmforgeError("optimizer nt_asgd keeps a whole copy of the averaged weights, which FSDP would have "
+                               "to shard: use parallel=ddp (or one process) with nt_asgd")
+        return NTASGD(groups, lr=config.lr, weight_decay=config.weight_decay, nonmono=config.nonmono)
     if config.optimizer == "lamb":
         for group, key in zip(groups, order, strict=True):
             group["adapt"] = key[0]

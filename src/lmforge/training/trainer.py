@@ -27,7 +27,10 @@ process, in eval mode without gradients; reports ``eval_loss``, ``eval_loss_<ter
 exp(loss) for terms named ``lm``, ``clm`` or ``mlm``, and ``eval_<metric>`` (a metric ``<x>_nll``, a per-token NLL
 such as the biLM's ``forward_nll``, is also reported as ``<x>_ppl`` = its exp, in training records too). The global
 RNG state is restored afterwards, so evaluating never changes the training run. ``eval_data.batches`` must give the
-same batches on every call (its position is not checkpointed).
+same batches on every call (its position is not checkpointed). With NT-ASGD (``optimizer = "nt_asgd"``) the
+evaluations, the best model and the final model use the optimizer's average of the iterates once its trigger has
+fired, and every evaluation's ``eval_loss`` goes to that trigger (``lmforge.training.ntasgd``); checkpoints keep the
+iterate, the optimizer's state the average.
 
 **Data**: ``train_data.batches(micro_batch_size)`` yields dicts of tensors (already this process's shard); when the
 iterator ends, ``batches`` is called again for the next epoch. ``state_dict()`` describes the position after the
@@ -103,6 +106,7 @@ from lmforge.training.accounting import (
 from lmforge.training.budget import RunLimit
 from lmforge.training.cadence import SaveCadence, SignalStop, TrainingInterrupted
 from lmforge.training.logging import MetricsLog, require_tensorboard
+from lmforge.training.ntasgd import averaged_weights, evaluating
 from lmforge.training.optim import build_optimizer, build_scheduler
 from lmforge.training.reporting import Reporter
 from lmforge.training.run_folder import RESUMABLE_CHANGES, RunFolder, RunOutput, as_run_output
@@ -162,9 +166,8 @@ class Trainer:
         callbacks: name -> a component with ``before_step(step)`` (called before every optimizer update with the
             number of completed updates, e.g. ``lmforge.training.unfreeze.GradualUnfreezing``) and
             ``state_dict`` / ``load_state_dict``: saved in checkpoints beside the optimizer and restored on resume.
-        **deprecated: the keywords that ``RunOutput`` replaced (``out_dir``, ``resume``, ``overwrite``,
-            ``progress``, ``tokenizer``, ``run_config``, ``run_kind``, ``model_config``, ``head``): still accepted
-            with a DeprecationWarning, until lmforge 0.3 (``lmforge.training.run_folder.as_run_output``).
+        **deprecated: ``RunOutput``'s former keywords (``out_dir``, ``resume``, ``overwrite``, ``progress``, ``head``,
+            ``tokenizer``, ``run_config``, ``run_kind``, ``model_config``), with a DeprecationWarning until 0.3.
 
     Raises:
         LmforgeError: a batch split that does not divide, a run folder holding another run, a checkpoint whose
@@ -434,16 +437,17 @@ class Trainer:
 
     def _evaluate_and_record(self, metrics: MetricsLog) -> None:
         record: dict[str, Any] = {"step": self.step}
-        if self.eval_data is not None:
-            record.update(self.evaluate())
-        if self.evaluator is not None:
-            with evaluation_mode(self.model), torch.no_grad(), self._autocast():
-                record.update({k: float(v) for k, v in self.evaluator(self.model).items()})
-        self.last_eval = record
-        metrics.write(self.last_eval)
-        if self.dist.is_main:
-            self.reporter.evaluation(record)
-        self._keep_if_best(record)
+        with evaluating(self.optimizer, record):  # NT-ASGD: its averaged weights, then its trigger (training.ntasgd)
+            if self.eval_data is not None:
+                record.update(self.evaluate())
+            if self.evaluator is not None:
+                with evaluation_mode(self.model), torch.no_grad(), self._autocast():
+                    record.update({k: float(v) for k, v in self.evaluator(self.model).items()})
+            self.last_eval = record
+            metrics.write(self.last_eval)
+            if self.dist.is_main:
+                self.reporter.evaluation(record)
+            self._keep_if_best(record)
 
     def _keep_if_best(self, record: dict[str, Any]) -> None:
         if not self.tracker.offer(record, self.step):
@@ -485,7 +489,7 @@ class Trainer:
         """The final model (the best one when a dev metric selects it), the run config and the reports."""
         gathered = self.placement.gathered_state()
         if self.dist.is_main:
-            with ckpt.writing(self.out_dir):
+            with ckpt.writing(self.out_dir), averaged_weights(self.optimizer):  # NT-ASGD saves its average
                 results = self.folder.write_final_model(self.model, self.best, self.step, self.last_eval, gathered)
                 self.folder.write_run_config(self.config)
                 self.reporter.finish(results)
