@@ -237,21 +237,27 @@ def test_predict_reads_a_transformers_classifier_folder(tmp_path: Path, tiny_enc
     assert all(set(r["probabilities"]) == set(LABELS["ForSequenceClassification"]) for r in rows)
 
 
-def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp_path: Path, bbc_dir: Path) -> None:
-    # transformers 5 saves a fast tokenizer as tokenizer.json alone: lmforge reads its byte-level BPE, encodes
-    # held-out text to the same ids and predicts the same probabilities as transformers, end to end
+def _roberta_tokenizer(bbc_dir: Path, n_files: int, vocab_size: int) -> Any:
+    """A RoBERTa fast tokenizer (byte-level BPE, <s> A </s>) trained by Hugging Face tokenizers on BBC articles."""
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:150]]
+    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:n_files]]
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train(files, trainers.BpeTrainer(vocab_size=700, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    tok.train(files, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "<pad>", "</s>", "<unk>",
+                                                                                 "<mask>"],
                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+    return transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                              pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+
+
+def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp_path: Path, bbc_dir: Path) -> None:
+    # transformers 5 saves a fast tokenizer as tokenizer.json alone: lmforge reads its byte-level BPE, encodes
+    # held-out text to the same ids and predicts the same probabilities as transformers, end to end
+    fast = _roberta_tokenizer(bbc_dir, 150, 700)
     fast.save_pretrained(tmp_path / "hf")
     config = family_config("roberta", **labelled("ForSequenceClassification"))
     config.vocab_size, config.max_position_embeddings = len(fast), 66
@@ -285,18 +291,7 @@ def test_a_roberta_classifier_saved_by_transformers_predicts_as_transformers(tmp
 def test_a_roberta_tagger_fine_tunes_on_words_and_finds_entities_in_raw_text(tmp_path: Path, bbc_dir: Path) -> None:
     # byte-level BPE in token tasks: each word after the first is encoded with its space (" Paris"), and the NER
     # pipeline's words come from the tokenizer's offsets (trimmed of the spaces the tokens carry)
-    tokenizers = pytest.importorskip("tokenizers")
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:60]]
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train(files, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                             pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast = _roberta_tokenizer(bbc_dir, 60, 500)
     fast.save_pretrained(tmp_path / "hf")
     config = family_config("roberta")
     config.vocab_size, config.max_position_embeddings = len(fast), 66
@@ -322,19 +317,9 @@ def test_a_roberta_tagger_fine_tunes_on_words_and_finds_entities_in_raw_text(tmp
 def test_fill_mask_on_a_roberta_folder_equals_transformers_pipeline(tmp_path: Path, bbc_dir: Path) -> None:
     # byte-level BPE in fill-mask: candidates shown decoded (" market", not "Ġmarket") and the filled sentence
     # decoded, with transformers' ids and scores
-    tokenizers = pytest.importorskip("tokenizers")
     import lmforge
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-    files = [str(p) for p in sorted((bbc_dir / "business").glob("*.txt"))[:60]]
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train(files, trainers.BpeTrainer(vocab_size=500, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    fast = transformers.RobertaTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                             pad_token="<pad>", unk_token="<unk>", mask_token="<mask>")
+    fast = _roberta_tokenizer(bbc_dir, 60, 500)
     fast.save_pretrained(tmp_path / "hf")
     config = family_config("roberta")
     config.vocab_size, config.max_position_embeddings = len(fast), 66

@@ -29,20 +29,18 @@ every token a target the loss is a causal LM's: token t predicted from the token
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.objectives.base import ObjectiveOutput, unwrapped
+from lmforge.objectives.base import ObjectiveOutput, SegmentMemory, unwrapped
 from lmforge.objectives.masked_lm import constant_guess_hits
 
 IGNORE = -100
 
 
-class PLMObjective:
+class PLMObjective(SegmentMemory):
     """``objective(model, batch)`` for an ``XLNet`` on plan ``"plm"`` batches (see the module docstring).
     ``reuse_len``: keep the states of each batch's first ``reuse_len`` positions as the next batch's memory (plan
     "plm" read as a stream); None: no memory."""
@@ -53,35 +51,11 @@ class PLMObjective:
     def __init__(self, reuse_len: int | None = None) -> None:
         if reuse_len is not None and (isinstance(reuse_len, bool) or not isinstance(reuse_len, int) or reuse_len < 1):
             raise LmforgeError(f"reuse_len={reuse_len!r} must be an integer >= 1, or None for no memory")
+        super().__init__()
         self.reuse_len = reuse_len
-        self._mems: dict[bool, tuple[Tensor, ...]] = {}  # model.training -> the memory the last batch left
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         return {"plm": int((batch["labels"] != IGNORE).sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The training memory (L tensors (B, M, D) on the CPU, or None): what a checkpoint keeps."""
-        mems = self._mems.get(True)
-        return {"train_memory": None if mems is None else [m.detach().cpu() for m in mems]}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore the training memory ``state_dict`` gave (moved to the batches' device on first use)."""
-        mems = (state or {}).get("train_memory")
-        self._mems.pop(True, None)
-        if mems is not None:
-            self._mems[True] = tuple(mems)
-
-    def memory(self, training: bool) -> tuple[Tensor, ...] | None:
-        """The memory the next training (or evaluation) batch would attend to: L tensors (B, M, D), or None."""
-        return self._mems.get(training)
-
-    def _memory_for(self, model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, ...] | None:
-        mems = self._mems.get(bool(model.training))
-        reset = batch.get("reset")
-        input_ids = batch["input_ids"]
-        if mems is None or (reset is not None and bool(reset.any())) or mems[0].shape[0] != input_ids.shape[0]:
-            return None
-        return tuple(m.to(input_ids.device) for m in mems)
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         labels = batch["labels"]  # (B, N)
@@ -93,7 +67,7 @@ class PLMObjective:
             if mem_len is None:
                 raise LmforgeError("objective plm with data.reuse_len keeps a memory of mem_len states: set "
                                    "--model.mem_len (XLNet: 384 with reuse_len 256)")
-            mems = self._memory_for(model, batch)
+            mems = self._memory_for(bool(model.training), batch)
         extra = {} if batch.get("reversed_rows") is None else {"reversed_rows": batch["reversed_rows"]}
         out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
                     token_type_ids=batch.get("token_type_ids"), perm_mask=batch["perm_mask"],

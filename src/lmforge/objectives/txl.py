@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.objectives.base import ObjectiveOutput, unwrapped
+from lmforge.objectives.base import ObjectiveOutput, SegmentMemory, unwrapped
 from lmforge.objectives.options import TXLLoss  # noqa: F401  (its loss options, for importers)
 
 IGNORE = -100
@@ -71,7 +71,7 @@ def _config(model: nn.Module) -> Any:
     return inner.config
 
 
-class TXLObjective:
+class TXLObjective(SegmentMemory):
     """``objective(model, batch)`` for an ``XLNet`` with ``attn_type="uni"`` on plan ``"stream"`` batches (see the
     module docstring). ``eval_mem_len``: the memory kept in evaluation (None: the model's ``mem_len``)."""
 
@@ -80,27 +80,11 @@ class TXLObjective:
                                          or eval_mem_len < 1):
             raise LmforgeError(f"eval_mem_len={eval_mem_len!r} must be an integer >= 1, or None for the model's "
                                "mem_len")
+        super().__init__()
         self.eval_mem_len = eval_mem_len
-        self._mems: dict[bool, tuple[Tensor, ...]] = {}  # model.training -> the memory the last segment left
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         return {"lm": int((batch["labels"] != IGNORE).sum())}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The training memory (L tensors (B, M, D) on the CPU, or None): what a checkpoint keeps."""
-        mems = self._mems.get(True)
-        return {"train_memory": None if mems is None else [m.detach().cpu() for m in mems]}
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Restore the training memory ``state_dict`` gave (moved to the batches' device on first use)."""
-        mems = (state or {}).get("train_memory")
-        self._mems.pop(True, None)
-        if mems is not None:
-            self._mems[True] = tuple(mems)
-
-    def memory(self, training: bool) -> tuple[Tensor, ...] | None:
-        """The memory the next training (or evaluation) segment would attend to: L tensors (B, M, D), or None."""
-        return self._mems.get(training)
 
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         config = _config(model)
@@ -109,15 +93,9 @@ class TXLObjective:
         if flag is not None and bool(flag.any()):
             raise LmforgeError("objective txl reads the stream left to right; these are a backward LM's windows")
         input_ids, labels = batch["input_ids"], batch["labels"]  # (B, T)
-        B = input_ids.shape[0]
         key = bool(model.training)
         mem_len = config.mem_len if key or self.eval_mem_len is None else self.eval_mem_len
-        mems = self._mems.get(key)
-        reset = batch.get("reset")
-        if mems is None or (reset is not None and bool(reset.any())) or mems[0].shape[0] != B:
-            mems = None
-        elif mems[0].device != input_ids.device:  # a restored memory, or a model moved between devices
-            mems = tuple(m.to(input_ids.device) for m in mems)
+        mems = self._memory_for(key, batch)
         out = model(input_ids, mems=mems, output_hidden_states=True, return_logits="content")
         # the new memory: per layer, the last mem_len of [memory; this segment's inputs to the layer], detached
         self._mems[key] = tuple((h if m is None else torch.cat((m.to(h.dtype), h), dim=1))[:, -mem_len:].detach()

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.tokenizers.wordpiece import ModelInputs, _as_list, _as_rows
+from lmforge.tokenizers.wordpiece import ModelInputs, _as_list, _as_rows, split_around
 from lmforge.utils.io import atomic_write_text, check_can_write
 
 VOCAB_NAME = "vocab.json"
@@ -346,7 +346,7 @@ class ByteLevelBPETokenizer(ModelInputs):
         words: list[int] = []
         n_words = 0
         try:
-            for start, end, added in self._pieces(text):
+            for start, end, added in split_around(self._added_re, text):
                 if added:
                     ids.append(self.vocab[text[start:end]])
                     offsets.append((start, end))
@@ -361,19 +361,6 @@ class ByteLevelBPETokenizer(ModelInputs):
                                f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
                                "fix the text's decoding") from None
         return ids, offsets, words
-
-    def _pieces(self, text: str) -> list[tuple[int, int, bool]]:
-        """``(start, end, is_added_token)`` runs of ``text`` around the added tokens written in it."""
-        out, pos = [], 0
-        if self._added_re is not None:
-            for m in self._added_re.finditer(text):
-                if m.start() > pos:
-                    out.append((pos, m.start(), False))
-                out.append((m.start(), m.end(), True))
-                pos = m.end()
-        if pos < len(text):
-            out.append((pos, len(text), False))
-        return out
 
     def _word_offsets(self, word: str, base: int, index: int, ids: list[int], offsets: list[tuple[int, int]],
                       words: list[int]) -> None:

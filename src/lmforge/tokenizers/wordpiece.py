@@ -42,6 +42,20 @@ Span = tuple[int, int]
 _Entry = tuple[tuple[int, ...], tuple[Span, ...], tuple[int, ...], int]
 
 
+
+def split_around(pattern: re.Pattern[str] | None, text: str) -> list[tuple[int, int, bool]]:
+    """``(start, end, matched)`` runs of ``text``: the matches of ``pattern`` (the special or added tokens written in
+    the text) and the text between them, in order; the whole text when ``pattern`` is None."""
+    out, pos = [], 0
+    for m in pattern.finditer(text) if pattern is not None else ():
+        if m.start() > pos:
+            out.append((pos, m.start(), False))
+        out.append((m.start(), m.end(), True))
+        pos = m.end()
+    if pos < len(text):
+        out.append((pos, len(text), False))
+    return out
+
 class Encoding(dict):
     """The encoding of one text or text pair: a dict of lists with a record of truncation.
 
@@ -300,15 +314,7 @@ class WordPieceTokenizer(ModelInputs):
     # ------------------------------------------------------------------ text level
     def _segments(self, text: str) -> list[tuple[int, int, bool]]:
         """Split around special tokens written in the text: ``(start, end, is_special)``."""
-        out, pos = [], 0
-        for m in self._special_re.finditer(text):
-            if m.start() > pos:
-                out.append((pos, m.start(), False))
-            out.append((m.start(), m.end(), True))
-            pos = m.end()
-        if pos < len(text):
-            out.append((pos, len(text), False))
-        return out
+        return split_around(self._special_re, text)
 
     def encode_ids(self, text: str) -> list[int]:
         """Piece ids of one text, without special tokens (the fastest path: regex, then C-level look-ups)."""
