@@ -218,6 +218,25 @@ def test_bpt3c_memory_does_not_grow_with_the_document():
 
 
 # ------------------------------------------------------------------------------------------------- learning, generating
+
+def _train_on_cycle(model, objective, optimizer, stream, *, steps: int, clip: float) -> list[float]:
+    """Stateful LM steps on two rows of a cyclic stream (windows of 10, the state carried), clipped: the losses."""
+    losses = []
+    for step in range(steps):
+        p = (step * 10) % 270
+        batch = {"input_ids": torch.stack([stream[p:p + 10], stream[p + 3:p + 13]]),
+                 "labels": torch.stack([stream[p + 1:p + 11], stream[p + 4:p + 14]]),
+                 "reset": torch.tensor([int(p == 0)] * 2)}
+        out = objective(model.train(), batch)
+        loss = out.losses["lm"][0] / out.losses["lm"][1]
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
 def test_a_tiny_lm_learns_a_toy_sequence_and_generates_it():
     from lmforge.generation import GenerationConfig, generate
     from lmforge.objectives.awd_lm import AWDLMObjective
@@ -228,19 +247,7 @@ def test_a_tiny_lm_learns_a_toy_sequence_and_generates_it():
     model = tiny(n_layers=2, embed_p=0.02, input_p=0.05, hidden_p=0.05, weight_p=0.1, output_p=0.05, bptt=10)
     objective = AWDLMObjective()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(150):
-        p = (step * 10) % 270
-        batch = {"input_ids": torch.stack([stream[p:p + 10], stream[p + 3:p + 13]]),
-                 "labels": torch.stack([stream[p + 1:p + 11], stream[p + 4:p + 14]]),
-                 "reset": torch.tensor([int(p == 0)] * 2)}
-        out = objective(model.train(), batch)
-        loss = out.losses["lm"][0] / out.losses["lm"][1]
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = _train_on_cycle(model, objective, optimizer, stream, steps=150, clip=1.0)
     assert sum(losses[-5:]) / 5 < 0.3 * losses[0]
     model.eval()
     prompt = pattern[:3][None]
@@ -268,19 +275,7 @@ def test_the_papers_initialisation_learns_a_toy_cycle_with_the_papers_optimizer(
     torch.manual_seed(0)
     stream = torch.tensor([5, 9, 13, 17, 21, 25, 29]).repeat(40)
     objective, optimizer = AWDLMObjective(), NTASGD(model.parameters(), lr=30.0)
-    losses = []
-    for step in range(60):
-        p = (step * 10) % 270
-        batch = {"input_ids": torch.stack([stream[p:p + 10], stream[p + 3:p + 13]]),
-                 "labels": torch.stack([stream[p + 1:p + 11], stream[p + 4:p + 14]]),
-                 "reset": torch.tensor([int(p == 0)] * 2)}
-        out = objective(model.train(), batch)
-        loss = out.losses["lm"][0] / out.losses["lm"][1]
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 0.25)
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = _train_on_cycle(model, objective, optimizer, stream, steps=60, clip=0.25)
     assert losses[0] > math.log(V) - 0.1  # it starts from the uniform guess over the vocabulary
     # SGD at lr 30 has spikes (a step that overshoots and is undone by the next ones): the median of the last 10
     assert statistics.median(losses[-10:]) < 0.1 * math.log(7), losses[-10:]
