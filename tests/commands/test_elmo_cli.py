@@ -133,9 +133,6 @@ def test_kill_and_resume_continues_both_carried_states_exactly(bilm_run, tmp_pat
     assert set(state) == {"forward", "backward"} and tuple(state["backward"][1][1].shape) == (1, 2, 32)
     assert main([*args, "--out", str(tmp_path / "resumed"), "--resume",
                  str(tmp_path / "whole" / "checkpoints" / "step-2")]) == 0, capsys.readouterr().err
+    from tests.training.helpers import losses_by_step
 
-    def train(run):
-        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r]
-
-    assert train(tmp_path / "resumed") == [r for r in train(tmp_path / "whole") if r[0] > 2]
+    assert losses_by_step(tmp_path / "resumed") == [r for r in losses_by_step(tmp_path / "whole") if r[0] > 2]

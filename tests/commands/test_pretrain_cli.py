@@ -247,12 +247,9 @@ def test_transformer_xl_resumes_with_its_memory_exactly(prepared, tmp_path, caps
     assert len(memory) == 1 and tuple(memory[0].shape) == (4, 16, 16)  # n_layers x (rows, mem_len, d_model)
     assert main([*args, "--out", str(tmp_path / "resumed"), "--resume",
                  str(tmp_path / "whole" / "checkpoints" / "step-2")]) == 0, capsys.readouterr().err
+    from tests.training.helpers import losses_by_step
 
-    def train(run):
-        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
-                if "loss" in r]
-
-    assert train(tmp_path / "resumed") == [r for r in train(tmp_path / "whole") if r[0] > 2]
+    assert losses_by_step(tmp_path / "resumed") == [r for r in losses_by_step(tmp_path / "whole") if r[0] > 2]
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -160,6 +160,11 @@ def read_jsonl(path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in open(path, encoding="utf-8")]
 
 
+def losses_by_step(run) -> list[tuple[int, float]]:
+    """(step, loss) of every training record of a run folder's metrics.jsonl."""
+    return [(r["step"], r["loss"]) for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+
+
 TIMING_KEYS = ("tokens_per_s", "elapsed_s")
 
 

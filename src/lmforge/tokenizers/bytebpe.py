@@ -318,19 +318,14 @@ class ByteLevelBPETokenizer(ModelInputs):
             if self._added_re is None or self._added_re.search(text) is None:
                 return self._ids_of_words(self._pattern.findall(text))
             ids: list[int] = []
-            pos = 0
-            for m in self._added_re.finditer(text):
-                if m.start() > pos:
-                    ids.extend(self._ids_of_words(self._pattern.findall(text, pos, m.start())))
-                ids.append(self.vocab[m.group()])
-                pos = m.end()
-            if pos < len(text):
-                ids.extend(self._ids_of_words(self._pattern.findall(text, pos)))
+            for start, end, added in split_around(self._added_re, text):
+                if added:
+                    ids.append(self.vocab[text[start:end]])
+                else:
+                    ids.extend(self._ids_of_words(self._pattern.findall(text, start, end)))
             return ids
         except UnicodeEncodeError as err:
-            raise LmforgeError(f"the text holds a lone surrogate {err.object[err.start]!r} (within "
-                               f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
-                               "fix the text's decoding") from None
+            raise _surrogate_error(err) from None
 
     def encode_text(self, text: str) -> tuple[list[int], list[tuple[int, int]], list[int]]:
         """Token ids, character offsets and word indices of one text (no tokens added around it).
@@ -357,9 +352,7 @@ class ByteLevelBPETokenizer(ModelInputs):
                     self._word_offsets(m.group(), m.start(), n_words, ids, offsets, words)
                     n_words += 1
         except UnicodeEncodeError as err:
-            raise LmforgeError(f"the text holds a lone surrogate {err.object[err.start]!r} (within "
-                               f"{err.object!r:.60}), which is not a character and has no UTF-8 bytes; "
-                               "fix the text's decoding") from None
+            raise _surrogate_error(err) from None
         return ids, offsets, words
 
     def _word_offsets(self, word: str, base: int, index: int, ids: list[int], offsets: list[tuple[int, int]],
@@ -401,21 +394,17 @@ class ByteLevelBPETokenizer(ModelInputs):
         return True
 
     def _assemble(self, a, b, return_offsets, return_word_ids) -> dict[str, list]:
-        def wrap(part: list, special: Any, b_part: list | None) -> list:  # the template around ids, offsets or words
-            if self.wraps_texts:
-                out = [special, *part, special]
-                return out if b_part is None else [*out, special, *b_part, special]
-            return list(part) if b_part is None else [*part, *b_part]
+        def wrap(k: int, first: Any, end: Any) -> list:  # field k in the template: <s> A </s> (</s> B </s>)
+            if not self.wraps_texts:
+                return [*a[k], *(b[k] if b is not None else ())]
+            return [first, *a[k], end, *((end, *b[k], end) if b is not None else ())]
 
-        ids = wrap(a[0], None, None if b is None else b[0])
-        if self.wraps_texts:  # <s> A </s> (</s> B </s>)
-            ids[0] = self.bos_id
-            ids = [self.eos_id if (i and x is None) else x for i, x in enumerate(ids)]
+        ids = wrap(0, self.bos_id, self.eos_id)
         row: dict[str, list] = {"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids)}
         if return_offsets:
-            row["offsets"] = wrap(a[1], (0, 0), None if b is None else b[1])
+            row["offsets"] = wrap(1, (0, 0), (0, 0))
         if return_word_ids:
-            row["word_ids"] = wrap(a[2], None, None if b is None else b[2])
+            row["word_ids"] = wrap(2, None, None)
         return row
 
     def tokenize(self, text: str) -> list[str]:
@@ -594,6 +583,11 @@ class ByteLevelBPETokenizer(ModelInputs):
 
 
 # ---------------------------------------------------------------------------------------------------- file readers
+def _surrogate_error(err: UnicodeEncodeError) -> LmforgeError:
+    return LmforgeError(f"the text holds a lone surrogate {err.object[err.start]!r} (within {err.object!r:.60}), "
+                        "which is not a character and has no UTF-8 bytes; fix the text's decoding")
+
+
 def _ids_to_tokens(vocab: dict[str, int]) -> list[str]:
     """The token of each id; the ids must be exactly 0..n-1."""
     tokens: list[str | None] = [None] * len(vocab)

@@ -108,11 +108,10 @@ def choose_precision(requested: str, saved: Any, model_config: ModelConfig | Non
 
 
 def log_cpu_hints(device: torch.device, precision: str) -> None:
-    """On a CPU: glibc malloc tuned for this process (``tune_glibc_malloc``; every rank tunes its own in
-    ``prepare_for_fit``), the allocator hint, and a warning when bf16 would be emulated (rank 0 calls this)."""
+    """On a CPU: the allocator hint, and a warning when bf16 would be emulated (rank 0 calls this)."""
     if device.type != "cpu":
         return
-    for level, hint in ((logging.INFO, tune_glibc_malloc()), (logging.INFO, allocator_hint()),
+    for level, hint in ((logging.INFO, allocator_hint()),
                         (logging.WARNING, cpu_bf16_hint() if precision == "bf16" else None)):
         if hint:
             log.log(level, hint)
@@ -208,8 +207,8 @@ class ModelPlacement:
     def prepare_for_fit(self) -> None:
         """DDP-wrap the forward module (a sharded model synchronises itself), then compile under ``--compile``:
         ``torch.compile(DDP(model))``, as PyTorch documents for DDP."""
-        if self.device.type == "cpu":
-            tune_glibc_malloc()  # every rank its own process (rank 0 logged it already)
+        if self.device.type == "cpu" and (line := tune_glibc_malloc()) and self.dist.is_main:
+            log.info(line)  # every rank tunes its own process
         if not self.sharded:
             self.forward = dist.wrap_model(self.forward, self.dist, self.device)
         self._eval_model = self.model
