@@ -117,16 +117,21 @@ class PLMStreamData(LMStreamData):
             index.append(n + np.arange(self.rank, n, self.world_size))
         return np.concatenate(parts), np.concatenate(index)
 
+    def check_micro_batch(self, micro_batch_size: int) -> None:
+        """Refuse an odd micro-batch under bi_data (half its rows are reversed), before a run starts."""
+        if self.bi_data and micro_batch_size % 2:
+            raise LmforgeError(f"data.bi_data=true reads half of each micro-batch's rows reversed: the micro-batch "
+                               f"size must be even, got {micro_batch_size}; give an even --batch-size (or "
+                               "--train.micro_batch_size)")
+
     # ------------------------------------------------------------------ iteration
     def batches(self, micro_batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
         """Training: endless sequences, epoch after epoch, from the current state. Eval: one pass (fewer rows than
         ``micro_batch_size`` when the split is short, at least one per direction)."""
         if micro_batch_size < 1:
             raise LmforgeError(f"micro_batch_size={micro_batch_size} must be >= 1")
+        self.check_micro_batch(micro_batch_size)
         d = self._directions()
-        if micro_batch_size % d:
-            raise LmforgeError(f"data.bi_data=true reads half of each micro-batch's rows reversed: the micro-batch "
-                               f"size must be even, got {micro_batch_size}")
         per_direction = micro_batch_size // d
         if self.split == "eval":
             while per_direction > 1 and self.num_tokens // (per_direction * self.world_size) < self.seq_len - 1:

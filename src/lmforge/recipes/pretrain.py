@@ -324,6 +324,10 @@ def build_trainer(run: PretrainRun, *, resume: str = "never", overwrite: bool = 
         run.data = from_dict(DataConfig, {**to_dict(run.data), "objective": fallback})
         train = data("train")
     evaluation = data("eval") if run.data.eval_fraction > 0 else None
+    if hasattr(train, "check_micro_batch"):  # XLNet's bi_data: before the run folder is written
+        from lmforge.training.runtime import split_batch
+
+        train.check_micro_batch(split_batch(run.train, info.world_size)[0])
     if run.train.optimizer == "nt_asgd" and (evaluation is None or not run.train.eval_every):
         raise LmforgeError("optimizer nt_asgd starts averaging when the held-out loss stops improving: it needs "
                            "held-out documents (data.eval_fraction > 0) and an evaluation cadence (--eval-every N)")
