@@ -54,7 +54,7 @@ def tiny_encoder_dir(tmp_path_factory) -> Path:
     return make_encoder_dir(tmp_path_factory.mktemp("tiny-encoder"))
 
 
-FINETUNE_EPOCHS = {"sequence": 12, "pair": 6, "token": 12, "span": 40, "qa": 6}
+FINETUNE_EPOCHS = {"sequence": 12, "pair": 6, "token": 12, "span": 40, "qa": 6, "choice": 6}
 FINETUNE_ARGS = {"sequence": [], "pair": [], "token": ["--crf"], "span": ["--task.max_span_width=3"],
                  "qa": ["--max-length", "24", "--task.doc_stride=6", "--task.max_query_length=8"], "choice": []}
 

@@ -71,5 +71,8 @@ VIEWER_PRECISIONS = ("auto", "float32", "uint16", "uint8")
 # the attention PNG's colour scale (lmforge.viz.plots): weights 0..1 for every heat map, or each from 0 to its own
 # largest weight
 ATTENTION_SCALES = ("absolute", "relative")
+# what runs a model folder's backbone for inference (lmforge.persistence.onnx): PyTorch, or ONNX Runtime from the
+# folder's onnx/ graph (lmforge convert --to-onnx)
+RUNTIMES = ("torch", "onnx")
 # the Hugging Face families an encoder can be written as (``lmforge convert --to-hf --hf-layout``)
 HF_ENCODER_LAYOUTS = ("bert", "roberta", "albert", "distilbert", "electra")

@@ -58,7 +58,8 @@ PIPELINES = ("fill-mask", "text-classification", "token-classification", "questi
              "multiple-choice", "feature-extraction", "text-generation")
 
 
-def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, **options: Any):
+def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, runtime: str = "torch",
+             **options: Any):
     """Build the pipeline for ``task`` from the model folder ``model`` (see the module docstring).
 
     Args:
@@ -67,6 +68,8 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
             feature-extraction).
         device: where the model runs.
         batch_size: inputs per forward pass.
+        runtime: ``"torch"``, or ``"onnx"``: the encoder runs in ONNX Runtime from the folder's ``onnx/`` graph
+            (``lmforge convert --to-onnx``), the head in PyTorch (``lmforge.persistence.onnx``).
         options: per pipeline: ``top_k`` (fill-mask: 5; text-classification, question-answering, multiple-choice:
             None, one best answer as a dict; a number gives that many as a ranked list); ``layers``, ``combine``,
             ``pooling`` or ``word_pooling`` (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts``
@@ -80,7 +83,7 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
                 "text-generation": TextGenerationPipeline}
     if task not in builders:
         raise LmforgeError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
-    return builders[task](model, device=device, batch_size=batch_size, **options)
+    return builders[task](model, device=device, batch_size=batch_size, runtime=runtime, **options)
 
 
 def _as_list(inputs: Any) -> tuple[list[Any], bool]:
@@ -110,11 +113,11 @@ class _TaskPipeline:
     ranks = False  # has several answers to rank (top_k)
 
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32,
-                 top_k: int | None = None) -> None:
+                 top_k: int | None = None, runtime: str = "torch") -> None:
         from lmforge.recipes.finetune import load_task_model
 
         self.top_k = _check_top_k(top_k)
-        self.model, self.task, self.tokenizer = load_task_model(str(model))
+        self.model, self.task, self.tokenizer = load_task_model(str(model), runtime)
         if self.task.config.task not in self.expected:
             raise LmforgeError(f"{model}: a model fine-tuned for {self.task.config.task!r}; this pipeline needs "
                                f"one fine-tuned for {' or '.join(self.expected)}")
@@ -307,10 +310,11 @@ class MultipleChoicePipeline(_TaskPipeline):
 class FillMaskPipeline:
     """Top-k fillers of each ``[MASK]`` from the masked-LM head of a pretrained encoder."""
 
-    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, top_k: int = 5) -> None:
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, top_k: int = 5,
+                 runtime: str = "torch") -> None:
         from lmforge.persistence import load_pretrained
 
-        loaded = load_pretrained(model)
+        loaded = load_pretrained(model, runtime=runtime)
         if not loaded.head or loaded.head.get("type") not in ("pretraining", "mlm", "span"):
             raise LmforgeError(f"{model}: the model has no masked-LM head (fill-mask needs one saved by `lmforge "
                                "pretrain` with an MLM objective, or a Hugging Face BertForPreTraining/MaskedLM "
@@ -382,7 +386,8 @@ class FeatureExtractionPipeline:
     exclude each other."""
 
     def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 32, layers: Any = (-1,),
-                 combine: str = "mean", pooling: str | None = None, word_pooling: str | None = None) -> None:
+                 combine: str = "mean", pooling: str | None = None, word_pooling: str | None = None,
+                 runtime: str = "torch") -> None:
         from lmforge.embeddings.contextual import WORD_POOLINGS, parse_layers
         from lmforge.persistence import load_backbone
 
@@ -391,7 +396,7 @@ class FeatureExtractionPipeline:
                                "word); give one")
         if word_pooling is not None and word_pooling not in WORD_POOLINGS:
             raise LmforgeError(f"word_pooling={word_pooling!r} is not one of {', '.join(WORD_POOLINGS)}")
-        loaded = load_backbone(model)
+        loaded = load_backbone(model, runtime)
         if loaded.tokenizer is None:
             raise LmforgeError(f"{model}: the model folder has no tokenizer (vocab.txt)")
         self.model, self.tokenizer = loaded.model.to(device).eval(), loaded.tokenizer
@@ -421,10 +426,11 @@ class TextGenerationPipeline:
     ``num_return_sequences``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ...) and ``return_full_text``
     (default True: the prompt, then its continuation), given at build time or per call."""
 
-    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 16, **options: Any) -> None:
+    def __init__(self, model: str | Path, *, device: str = "cpu", batch_size: int = 16, runtime: str = "torch",
+                 **options: Any) -> None:
         from lmforge.generation.text import load_generator
 
-        self.model, self.tokenizer, self.family = load_generator(model)
+        self.model, self.tokenizer, self.family = load_generator(model, runtime=runtime)
         self.model.to(device).eval()
         self.batch_size, self.options = batch_size, {"max_new_tokens": 30, **options}
         self._config(self.options)  # refuses a bad option now, not at the first call

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lmforge.choices import LONG_TEXT, TAG_SCHEMES, TASKS
+from lmforge.choices import LONG_TEXT, RUNTIMES, TAG_SCHEMES, TASKS
 from lmforge.commands.options import FRACTION, LEARNING_RATE, SEED, Count, Rate
 from lmforge.config import (
     load_toml,
@@ -37,7 +37,14 @@ from lmforge.recipes.finetune import (
 )
 from lmforge.recipes.pretrain import recorded_finetune_defaults
 from lmforge.recipes.resolve import merge, model_overrides, resolve, split_model_table
-from lmforge.utils.compiling import COMPILE_HELP, INFERENCE_COMPILE_HELP, compile_errors, compile_in_place
+from lmforge.utils.compiling import (
+    COMPILE_HELP,
+    INFERENCE_COMPILE_HELP,
+    RUNTIME_HELP,
+    check_runtime_options,
+    compile_errors,
+    compile_in_place,
+)
 
 log = logging.getLogger("lmforge")
 
@@ -188,6 +195,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     _add_input_arguments(p, labels=True)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--out", dest="output", metavar="FILE.json",
                    help="also write the metrics here, and beside them, for classification, tagging and span labeling, "
                         "the per-class report (FILE.per_class.json and .md: "
@@ -259,6 +267,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from lmforge.utils.io import atomic_write_text, prepare_output_file
 
     folders = model_folders(args.model)
+    check_runtime_options(args)
     reports: dict[str, Path] = {}
     if args.output:
         prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.data],
@@ -268,7 +277,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             prepare_output_file(path, overwrite=args.overwrite, inputs=[*folders, args.data], option="--out")
     show = _progress("evaluate")
     if len(folders) > 1:
-        ensemble = Ensemble(folders)
+        ensemble = Ensemble(folders, args.runtime)
         _member_input_options(ensemble, args)
         _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.data, labelled=True)
@@ -276,7 +285,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         with compile_errors(args.compile):
             predictions = ensemble.predict(examples, args.data, batch_size=args.batch_size, progress=show)
     else:
-        model, task, tokenizer = load_task_model(folders[0])
+        model, task, tokenizer = load_task_model(folders[0], args.runtime)
         task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
         if args.compile:
             compile_in_place(model)
@@ -331,6 +340,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     _add_input_arguments(p, labels=False)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
 
@@ -338,18 +348,19 @@ def run_predict(args: argparse.Namespace) -> int:
     from lmforge.utils.io import prepare_output_file
 
     folders = model_folders(args.model)
+    check_runtime_options(args)
     output = prepare_output_file(args.output, overwrite=args.overwrite, inputs=[*folders, args.input],
                                  option="--out")
     show = _progress("predict")
     if len(folders) > 1:
-        ensemble = Ensemble(folders)
+        ensemble = Ensemble(folders, args.runtime)
         _member_input_options(ensemble, args)
         _compile_members(ensemble, args)
         task, examples = ensemble.task, ensemble.read(args.input, labelled=False)
         with compile_errors(args.compile):
             predictions = ensemble.predict(examples, args.input, batch_size=args.batch_size, progress=show)
     else:
-        model, task, tokenizer = load_task_model(folders[0])
+        model, task, tokenizer = load_task_model(folders[0], args.runtime)
         task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
         if args.compile:
             compile_in_place(model)

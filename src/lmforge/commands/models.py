@@ -12,11 +12,17 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.choices import HF_ENCODER_LAYOUTS, TEXT_POOLINGS, WORD_POOLINGS
+from lmforge.choices import HF_ENCODER_LAYOUTS, RUNTIMES, TEXT_POOLINGS, WORD_POOLINGS
 from lmforge.commands.options import Count
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
-from lmforge.utils.compiling import INFERENCE_COMPILE_HELP, compile_errors, compile_in_place
+from lmforge.utils.compiling import (
+    INFERENCE_COMPILE_HELP,
+    RUNTIME_HELP,
+    check_runtime_options,
+    compile_errors,
+    compile_in_place,
+)
 from lmforge.utils.io import (
     atomic_write_bytes,
     atomic_write_text,
@@ -48,6 +54,7 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=Count(1, 1_000_000), default=None,
                    help="truncate longer inputs (default: the model's)")
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--overwrite", action="store_true")
 
 
@@ -59,6 +66,7 @@ def run_embed(args: argparse.Namespace) -> int:
     from lmforge.persistence import load_pretrained
 
     out = Path(args.out)
+    check_runtime_options(args)
     if args.word_pooling is not None and args.pooling is not None:
         raise LmforgeError("--pooling and --word-pooling exclude each other: --pooling makes vectors per text or "
                            "token, --word-pooling per word; give one")
@@ -72,7 +80,7 @@ def run_embed(args: argparse.Namespace) -> int:
     lines = read_user_text(args.input, "input file").splitlines()
     if not any(line.strip() for line in lines):
         raise InputFileError(f"{args.input}: the file holds no text; write one text per line")
-    loaded = load_pretrained(args.model, with_head=False)
+    loaded = load_pretrained(args.model, with_head=False, runtime=args.runtime)
     if loaded.tokenizer is None:
         raise InputFileError(f"{args.model}: no vocab.txt in the model folder; save the model with its tokenizer")
     family = architecture(loaded.config.arch)
@@ -125,6 +133,14 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
                           "segment embedding; an ELECTRA run's discriminator as ElectraForPreTraining), or as "
                           "--hf-layout says; a GPT decoder as GPT-2; an XLNet as XLNet. A task head becomes its "
                           "transformers class (BertForSequenceClassification ...), with its labels")
+    src.add_argument("--to-onnx", metavar="DIR",
+                     help="an lmforge model folder to run in ONNX Runtime: --out is the same folder with onnx/ "
+                          "added (the encoder of a BERT-family model or task model as one graph for any batch and "
+                          "length; the head stays in PyTorch). Run it with --runtime onnx on predict, evaluate, "
+                          "embed and serve. Needs the lmforge[onnx] extra")
+    p.add_argument("--quantize", choices=("int8",), default=None,
+                   help="with --to-onnx: int8 weights for every matrix product (ONNX Runtime's dynamic "
+                        "quantisation); measure its accuracy with evaluate --runtime onnx (default: fp32)")
     p.add_argument("--hf-layout", choices=HF_ENCODER_LAYOUTS, default=None,
                    help="with --to-hf, the Hugging Face family an encoder is written as (roberta for a model "
                         "pretrained with RoBERTa's recipe); without it, the family its config implies")
@@ -138,7 +154,13 @@ def run_convert(args: argparse.Namespace) -> int:
     from lmforge.persistence import dedupe_tied, load_pretrained, read_config, save_pretrained
     from lmforge.persistence.hf_export import export_model
 
-    source = args.from_hf or args.to_hf
+    source = args.from_hf or args.to_hf or args.to_onnx
+    if args.quantize and not args.to_onnx:
+        raise LmforgeError("--quantize is an option of --to-onnx; drop it, or export with --to-onnx")
+    if args.hf_layout and not args.to_hf:
+        raise LmforgeError("--hf-layout chooses the family of a --to-hf export; drop it")
+    if args.to_onnx:
+        return _convert_to_onnx(args)
     if args.from_hf and args.hf_layout:
         raise LmforgeError("--hf-layout chooses the family of an export; drop it with --from-hf (the folder's "
                            "config.json says what it is)")
@@ -183,6 +205,27 @@ def run_convert(args: argparse.Namespace) -> int:
     for note in exported.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"exported {args.to_hf} -> {out} (Hugging Face {exported.config['architectures'][0]})")
+    return 0
+
+
+def _convert_to_onnx(args: argparse.Namespace) -> int:
+    from lmforge.persistence import load_pretrained, read_config
+    from lmforge.persistence.onnx import copy_model_folder, export_onnx, require_onnx
+
+    require_onnx()
+    if read_config(args.to_onnx).get("format") != "lmforge":
+        raise LmforgeError(f"{args.to_onnx} is not an lmforge model folder; import it first with "
+                           f"`lmforge convert --from-hf {args.to_onnx} --out DIR`, then export DIR")
+    out = prepare_output_dir(args.out, overwrite=args.overwrite, inputs=[args.to_onnx], create=False)
+    loaded = load_pretrained(args.to_onnx)
+    with staged_output_dir(out) as tmp:
+        copy_model_folder(args.to_onnx, tmp)
+        exported = export_onnx(loaded, tmp, quantize=args.quantize)
+    for note in exported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    entry = exported.manifest["graphs"]["encoder"]
+    print(f"exported {args.to_onnx} -> {out}/onnx/{entry['file']} ({entry['precision']}; fp32 graph within "
+          f"{entry['max_abs_diff_fp32']:.1e} of eager); run it with --runtime onnx")
     return 0
 
 

@@ -119,11 +119,12 @@ def generated_text(tokenizer: Any, prompt: str, prompt_ids: Sequence[int], new_i
 
 
 # ---------------------------------------------------------------------------------------------- from a folder
-def load_generator(directory: str | Path) -> tuple[Any, Any, Architecture]:
-    """The model, its tokenizer and its family's record; refuses models that do not generate."""
+def load_generator(directory: str | Path, runtime: str = "torch") -> tuple[Any, Any, Architecture]:
+    """The model, its tokenizer and its family's record; refuses models that do not generate. ``runtime`` as
+    ``lmforge.persistence.load_pretrained``'s."""
     from lmforge.persistence import load_pretrained
 
-    loaded = load_pretrained(directory, with_head=False)
+    loaded = load_pretrained(directory, with_head=False, runtime=runtime)
     arch = loaded.config.arch
     family = architecture(arch)
     if not family.generates:

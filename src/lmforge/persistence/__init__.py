@@ -59,7 +59,7 @@ def _check_task(values: Any, kind: str, where: str) -> None:
         raise LmforgeError(f"{where}: task {values.get('task', 'sequence')!r} uses a {wanted!r} head, not {kind!r}")
 
 
-def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
+def load_pretrained(directory: str | Path, *, with_head: bool = True, runtime: str = "torch") -> Loaded:
     """Load a model folder saved by ``save_pretrained``, or a Hugging Face BERT / ALBERT / DistilBERT / ELECTRA /
     GPT-2 / XLNet folder, with its head.
 
@@ -68,11 +68,19 @@ def load_pretrained(directory: str | Path, *, with_head: bool = True) -> Loaded:
 
     Args:
         with_head: for a folder holding a ``TaskModel``, build the head too (else only the backbone).
+        runtime: ``"torch"``, or ``"onnx"``: the backbone runs in ONNX Runtime from the folder's ``onnx/`` graph
+            (``lmforge convert --to-onnx``; ``lmforge.persistence.onnx``), the head in PyTorch.
 
     Raises:
         InputFileError / LmforgeError: missing files, another format, keys or shapes that do not fit.
     """
     raw = read_config(directory)  # the head and task checks, before anything is built
+    if runtime != "torch":
+        from lmforge.persistence.onnx import read_manifest, with_runtime
+
+        read_manifest(directory)  # a folder without a graph fails before its weights are read
+        return with_runtime(load_folder(directory, with_head=with_head, build=build_model, raw=raw), directory,
+                            runtime)
     return load_folder(directory, with_head=with_head, build=build_model, raw=raw)
 
 
@@ -96,9 +104,9 @@ def from_pretrained(directory: str | Path, *, expect: type | None = None) -> nn.
     return as_module(load_pretrained(directory, with_head=wants_head), directory, expect=expect)
 
 
-def load_backbone(directory: str | Path) -> Loaded:
-    """Only the backbone of a model folder (heads are dropped)."""
-    return load_pretrained(directory, with_head=False)
+def load_backbone(directory: str | Path, runtime: str = "torch") -> Loaded:
+    """Only the backbone of a model folder (heads are dropped); ``runtime`` as ``load_pretrained``'s."""
+    return load_pretrained(directory, with_head=False, runtime=runtime)
 
 
 __all__ = ["CONFIG_NAME", "FORMAT_VERSION", "WEIGHTS_NAME", "Loaded", "build_backbone", "build_model", "check_memory",

@@ -46,13 +46,13 @@ class Ensemble:
             (single texts and pairs), or different label sets; each message names the folders.
     """
 
-    def __init__(self, folders: list[str]) -> None:
+    def __init__(self, folders: list[str], runtime: str = "torch") -> None:
         from lmforge.recipes.finetune import load_task_model
 
         if len(folders) < 2:
             raise LmforgeError(f"an ensemble needs two or more model folders, got {len(folders)}")
         self.folders = [str(f) for f in folders]
-        self.members = [load_task_model(f) for f in self.folders]
+        self.members = [load_task_model(f, runtime) for f in self.folders]
         for folder, (_, task, _) in zip(self.folders, self.members, strict=True):
             kind = task.config.task
             if kind not in ("sequence", "pair"):

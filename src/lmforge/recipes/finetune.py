@@ -416,12 +416,13 @@ def _default_rates(run: FinetuneRun, config: ModelConfig, choose_lr: bool) -> st
 
 
 # ---------------------------------------------------------------------------------------------- evaluate, predict
-def load_task_model(directory: str):
-    """(model, task, tokenizer) of a fine-tuned model folder."""
+def load_task_model(directory: str, runtime: str = "torch"):
+    """(model, task, tokenizer) of a fine-tuned model folder; ``runtime="onnx"`` runs its encoder in ONNX Runtime
+    (``lmforge.persistence.onnx``)."""
     from lmforge.persistence import load_pretrained
     from lmforge.tasks import task_from_head_spec
 
-    loaded = load_pretrained(directory)
+    loaded = load_pretrained(directory, runtime=runtime)
     if not loaded.head or "task" not in loaded.head:
         raise LmforgeError(f"{directory}: not a fine-tuned model (its config.json has no task head); fine-tune it "
                            "first with `lmforge finetune`")

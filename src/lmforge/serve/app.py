@@ -74,14 +74,15 @@ class ServedModel:
         compile: compile the encoder's forward (task, /fill-mask and /embed endpoints) with torch.compile, in place,
             and compile it now with a warm-up pass (a backend that cannot work fails here, before serving);
             /generate's decoding loop runs uncompiled.
+        runtime: ``"torch"``, or ``"onnx"``: the encoder runs in ONNX Runtime (``lmforge.persistence.onnx``).
     """
 
     def __init__(self, model_dir: str | Path, limits: Limits, *, max_batch: int = 32, device: str = "cpu",
-                 compile: bool = False) -> None:
+                 compile: bool = False, runtime: str = "torch") -> None:
         from lmforge.persistence import CONFIG_NAME, read_config
 
         self.dir = Path(model_dir)
-        self.limits, self.max_batch, self.device = limits, max_batch, device
+        self.limits, self.max_batch, self.device, self.runtime = limits, max_batch, device, runtime
         raw = read_config(self.dir)
         self.task = None
         self.pipeline: Any = None
@@ -129,7 +130,7 @@ class ServedModel:
                                "Python pipeline (lmforge.pipeline('multiple-choice', DIR))")
         builder = {"/classify": TextClassificationPipeline, "/tag": TokenClassificationPipeline,
                    "/answer": QuestionAnsweringPipeline}[ENDPOINT_OF_TASK.get(name, "/classify")]
-        self.pipeline = builder(self.dir, device=self.device, batch_size=self.max_batch)
+        self.pipeline = builder(self.dir, device=self.device, batch_size=self.max_batch, runtime=self.runtime)
         self.task = self.pipeline.task
         self.model, self.tokenizer = self.pipeline.model, self.pipeline.tokenizer
         self.backbone = self.model.backbone
@@ -140,7 +141,8 @@ class ServedModel:
     def _load_masked_lm(self) -> None:
         from lmforge.pipelines import FillMaskPipeline
 
-        self.pipeline = FillMaskPipeline(self.dir, device=self.device, batch_size=self.max_batch)
+        self.pipeline = FillMaskPipeline(self.dir, device=self.device, batch_size=self.max_batch,
+                                         runtime=self.runtime)
         self.model, self.tokenizer = self.pipeline.model, self.pipeline.tokenizer
         self.backbone = self.model.backbone
         self.config = self.backbone.config
@@ -150,7 +152,7 @@ class ServedModel:
     def _load_plain(self) -> None:
         from lmforge.persistence import load_pretrained
 
-        loaded = load_pretrained(self.dir, with_head=False)
+        loaded = load_pretrained(self.dir, with_head=False, runtime=self.runtime)
         self.model, self.tokenizer, self.config, self.head_type = loaded.model.to(self.device).eval(), \
             loaded.tokenizer, loaded.config, None
         if self.family.encodes_text and not (self.family.generates and self.family.left_context_only):
@@ -391,7 +393,7 @@ def _hf_has_mlm(directory: Path) -> bool:
 # ---------------------------------------------------------------------------------------------- the app
 def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 512, batching: bool = True,
                max_wait_ms: float = 3.0, max_texts: int = 64, max_chars: int = 20_000, max_new_tokens: int = 256,
-               device: str = "cpu", compile: bool = False):
+               device: str = "cpu", compile: bool = False, runtime: str = "torch"):
     """A FastAPI app serving the model folder ``model_dir`` (loaded now: a bad folder raises here).
 
     Args:
@@ -403,6 +405,7 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
         max_chars: characters per text.
         max_new_tokens: the largest ``max_new_tokens`` a /generate request may ask for.
         compile: torch.compile the encoder (``ServedModel``'s ``compile``).
+        runtime: ``"torch"`` or ``"onnx"`` (``ServedModel``'s ``runtime``).
 
     Returns:
         a ``fastapi.FastAPI``; ``app.state.model`` is the ``ServedModel``, ``app.state.batchers`` the batchers.
@@ -424,7 +427,10 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
                         max_new_tokens=max_new_tokens)
     except ValueError as err:
         raise LmforgeError(str(err)) from None
-    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile)
+    if compile and runtime != "torch":
+        raise LmforgeError(f"--compile and --runtime {runtime} exclude each other: --compile compiles the PyTorch "
+                           "model, which ONNX Runtime replaces; give one")
+    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile, runtime=runtime)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-model")
     runs: dict[str, Callable[[Hashable, list[Any]], Sequence[Any]]] = {
         "/classify": served.run_task, "/tag": served.run_task, "/answer": served.run_task,

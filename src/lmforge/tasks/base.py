@@ -343,13 +343,16 @@ def run_model(model: nn.Module, features: list[Feature], collate: Callable[[list
     model.eval()
     bar = progress_bar(len(order), progress)
     try:
-        with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                chunk = order[start:start + batch_size]
-                batch = collate([features[i] for i in chunk])
-                batch = {k: v.to(device) for k, v in batch.items() if k not in drop}
-                yield chunk, model(**batch)
-                bar.update(len(chunk))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            batch = collate([features[i] for i in chunk])
+            batch = {k: v.to(device) for k, v in batch.items() if k not in drop}
+            # no_grad around the call only: held across the yield, it would switch gradients off in the caller's
+            # code too, and two interleaved generators would leave them off for good (each restores what it saw)
+            with torch.no_grad():
+                out = model(**batch)
+            yield chunk, out
+            bar.update(len(chunk))
     finally:
         bar.close()
         model.train(was_training)

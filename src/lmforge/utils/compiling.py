@@ -62,6 +62,18 @@ COMPILE_HELP = ("compile the model with torch.compile (inductor): the first step
 INFERENCE_COMPILE_HELP = ("compile the model with torch.compile (inductor) before running it: the first batches are "
                           "slower (compilation), the later ones faster; needs a C++ compiler on a CPU "
                           "(default: off)")
+RUNTIME_HELP = ("what runs the encoder: torch (default), or onnx: ONNX Runtime, from the folder's onnx/ graph "
+                "(make one with lmforge convert --to-onnx; the head still runs in PyTorch; needs the lmforge[onnx] "
+                "extra)")
+
+
+def check_runtime_options(args: Any) -> None:
+    """``--compile`` compiles PyTorch's model: with ``--runtime onnx`` ONNX Runtime runs it instead."""
+    if getattr(args, "compile", False) and getattr(args, "runtime", "torch") != "torch":
+        raise LmforgeError(f"--compile and --runtime {args.runtime} exclude each other: --compile compiles the "
+                           "PyTorch model, which ONNX Runtime replaces; give one")
+
+
 _TORCH_LOGGER = "torch._dynamo.convert_frame"  # where TorchDynamo reports a function that hit the recompile limit
 _FIX = "run without --compile"
 

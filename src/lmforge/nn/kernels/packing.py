@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from lmforge.nn.capture import exporting
+
 __all__ = ["PACK_ABOVE", "Packing", "packed_tokenwise", "padded_tokenwise"]
 
 # Pack only when at most this share of the positions is real (measured: at 0.9 real the saving and the gather and
@@ -58,8 +60,10 @@ class Packing:
     @classmethod
     def decide(cls, key_mask: Tensor | None, *, enabled: bool = True) -> Packing | None:
         """A packing for ``key_mask`` when it is worth it (see the module docstring), else None."""
-        if not enabled or key_mask is None:  # (compiled too: unpadding's data-dependent size breaks the graph, but
-            return None  # computing only the real tokens is worth more than one graph on a CPU: BENCHMARKS, issue 39)
+        # compiled too: unpadding's data-dependent size breaks the graph, but computing only the real tokens is worth
+        # more than one graph on a CPU (BENCHMARKS, issue 39); exported (one graph, no break): every position
+        if not enabled or key_mask is None or exporting():
+            return None
         packing = cls.from_mask(key_mask)
         if packing.index.numel() > PACK_ABOVE * key_mask.numel() or packing.index.numel() == 0:
             return None

@@ -1,0 +1,365 @@
+"""ONNX Runtime for inference: export a model folder's backbone to ONNX, and run it in place of the PyTorch one.
+
+``lmforge convert --to-onnx DIR --out OUT`` writes OUT as a copy of the model folder (config, weights, tokenizer,
+head) with ``onnx/`` beside it::
+
+    OUT/onnx/encoder.onnx      the Transformer encoder: input_ids, attention_mask (B, T) [, token_type_ids] ->
+                               last_hidden_state (B, T, D), pooled_output (B, D), hidden_state_0 .. hidden_state_L
+    OUT/onnx/manifest.json     which graphs, their precision (fp32, or int8 with dynamic quantisation), the versions
+                               that wrote them and the largest difference from eager measured at export
+
+``load_pretrained(OUT, runtime="onnx")`` (and ``--runtime onnx`` on ``predict``, ``evaluate``, ``embed`` and
+``serve``) loads the folder as usual, then puts an ``OnnxEncoder`` in the backbone's place: the encoder runs in ONNX
+Runtime, the task head (a few small layers, with the word pooling, span enumeration and window pooling that make a
+graph data-dependent) runs in PyTorch on its outputs, so that every head lmforge has works unchanged and gives
+eager's outputs within 1e-4 (fp32; tests/persistence/test_onnx.py).
+
+The graph is exported with ``torch.export`` (``torch.onnx.export(dynamo=True)``): one graph for any batch size and
+length up to ``max_seq_len``. While exporting, lmforge's data-dependent shortcuts (unpadding, the all-real-mask
+and empty-row branches) take their general path (``lmforge.nn.capture.exporting``): the graph computes every
+padded position, as Hugging Face optimum's exports do.
+
+``onnxruntime`` (running) and ``onnx`` + ``onnxscript`` (exporting) are the ``lmforge[onnx]`` extra; nothing else
+in lmforge needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models.outputs import EncoderOutput
+from lmforge.nn.inputs import check_input_ids
+from lmforge.utils.io import atomic_write_text
+
+__all__ = ["MANIFEST_NAME", "ONNX_DIR", "OPSET", "OnnxEncoder", "export_onnx", "onnx_backbone", "require_onnx",
+           "require_onnxruntime"]
+
+ONNX_DIR = "onnx"
+MANIFEST_NAME = "manifest.json"
+ENCODER_FILE = "encoder.onnx"
+FORMAT = "lmforge-onnx"
+OPSET = 18  # torch.onnx's default for the dynamo exporter; ONNX Runtime 1.16 and later run it
+PARITY_TOLERANCE = 1e-4  # fp32 graphs: the largest |ONNX - eager| accepted at export
+EXTRA_HINT = "install the extra: pip install 'lmforge[onnx]'"
+
+
+def require_onnxruntime() -> Any:
+    """The ``onnxruntime`` module, or a one-line error naming the extra."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise LmforgeError(f"--runtime onnx needs ONNX Runtime, which is not installed; {EXTRA_HINT}") from None
+    return onnxruntime
+
+
+def require_onnx() -> None:
+    """``onnx`` and ``onnxscript`` (torch's exporter writes the graph with them), or a one-line error."""
+    missing = []
+    for name in ("onnx", "onnxscript"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise LmforgeError(f"convert --to-onnx needs {' and '.join(missing)}, not installed; {EXTRA_HINT}")
+
+
+# ------------------------------------------------------------------------------------------------ export
+class _EncoderGraph(nn.Module):
+    """What is exported: the encoder called with tensors only, returning a flat tuple of tensors."""
+
+    def __init__(self, encoder: nn.Module, segments: bool) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.segments = segments
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+                ) -> tuple[Tensor, ...]:
+        out = self.encoder(input_ids, attention_mask=attention_mask,
+                           token_type_ids=token_type_ids if self.segments else None, output_hidden_states=True)
+        return (out.last_hidden_state, out.pooled_output, *out.hidden_states)
+
+
+def _encoder_names(config: Any) -> tuple[list[str], list[str]]:
+    inputs = ["input_ids", "attention_mask"] + (["token_type_ids"] if config.type_vocab_size else [])
+    outputs = ["last_hidden_state", "pooled_output"] + [f"hidden_state_{i}" for i in range(config.n_layers + 1)]
+    return inputs, outputs
+
+
+def _example_batch(config: Any, batch: int, length: int, seed: int) -> dict[str, Tensor]:
+    """Random ids (above the usual special ids) with the last row padded to half its length."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(min(5, config.vocab_size - 1), config.vocab_size, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[-1, max(1, length // 2):] = 0
+    feeds = {"input_ids": ids, "attention_mask": mask}
+    if config.type_vocab_size:
+        segments = torch.zeros(batch, length, dtype=torch.long)
+        segments[:, length // 2:] = 1 if config.type_vocab_size > 1 else 0
+        feeds["token_type_ids"] = segments
+    return feeds
+
+
+def supports_onnx(model: nn.Module) -> bool:
+    """An lmforge ``Encoder`` (BERT, RoBERTa, ALBERT, DistilBERT, ELECTRA layouts) exports."""
+    from lmforge.models.encoder import Encoder
+
+    return isinstance(model, Encoder)
+
+
+def export_encoder(encoder: nn.Module, path: Path, *, opset: int = OPSET) -> dict[str, Any]:
+    """Write ``encoder`` (an lmforge ``Encoder``) to ``path`` as ONNX; return its manifest entry.
+
+    The graph takes any batch size and any length up to ``max_seq_len``; it is checked against eager on a batch of
+    another shape than the one traced, and refused when they differ by more than ``PARITY_TOLERANCE``.
+    """
+    require_onnx()
+    config = encoder.config
+    inputs, outputs = _encoder_names(config)
+    graph = _EncoderGraph(encoder, segments=bool(config.type_vocab_size)).eval()
+    length = min(16, config.max_seq_len)
+    example = _example_batch(config, 2, length, seed=0)
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("sequence", min=1, max=config.max_seq_len)
+    dynamic = {name: {0: batch, 1: seq} for name in inputs}
+    import logging
+    import warnings
+
+    # the exporter's notes on renamed axes, its deprecations and the torchvision ops it skips are not the user's
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(graph, tuple(example[n] for n in inputs), dynamo=True, input_names=inputs,
+                                        output_names=outputs, dynamic_shapes=dynamic, opset_version=opset,
+                                        verbose=False)
+        except Exception as exc:  # the exporter's errors are pages long: keep the first line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise LmforgeError(f"exporting the encoder to ONNX failed: {first:.300}") from exc
+        finally:
+            registration.setLevel(level)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path))
+    return {"file": path.name, "kind": "encoder", "inputs": inputs, "outputs": outputs, "precision": "fp32",
+            "opset": opset}
+
+
+def _parity(encoder: nn.Module, session: Any, entry: dict[str, Any]) -> float:
+    """The largest |ONNX - eager| over the real positions of a batch shaped unlike the traced example."""
+    config = encoder.config
+    length = max(1, min(23, config.max_seq_len))
+    feeds = _example_batch(config, 3, length, seed=1)
+    with torch.no_grad():
+        want = encoder(feeds["input_ids"], attention_mask=feeds["attention_mask"],
+                       token_type_ids=feeds.get("token_type_ids"), output_hidden_states=True)
+    got = session.run(["last_hidden_state", "pooled_output"], {k: v.numpy() for k, v in feeds.items()})
+    real = feeds["attention_mask"].bool()
+    diff = (torch.from_numpy(got[0]) - want.last_hidden_state)[real].abs().max().item()
+    return max(diff, (torch.from_numpy(got[1]) - want.pooled_output).abs().max().item())
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """ONNX Runtime's dynamic quantisation: the weights of every MatMul in int8 (per tensor), activations
+    quantised on the fly; the embeddings, norms and softmax stay fp32."""
+    require_onnxruntime()
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+
+
+@dataclass
+class Exported:
+    """What ``export_onnx`` wrote: the manifest and notes for the user."""
+
+    manifest: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset: int = OPSET) -> Exported:
+    """Write ``loaded``'s backbone under ``folder/onnx/`` (``folder`` already holds the model folder's files).
+
+    Args:
+        loaded: what ``load_pretrained`` returned for the source folder.
+        folder: the output folder.
+        quantize: None (fp32) or ``"int8"`` (dynamic quantisation of the MatMul weights).
+        opset: the ONNX opset.
+
+    Raises:
+        LmforgeError: a model that does not export (not an lmforge Encoder), or a graph that differs from eager.
+    """
+    from lmforge.heads import TaskModel
+
+    model = loaded.model
+    backbone = model.backbone if isinstance(model, TaskModel) else model
+    if not supports_onnx(backbone):
+        raise LmforgeError(f"a {loaded.config.arch!r} model: convert --to-onnx exports Transformer encoders (BERT, "
+                           "RoBERTa, ALBERT, DistilBERT, ELECTRA and their task heads); run this one with --runtime "
+                           "torch")
+    if isinstance(model, TaskModel) and getattr(model.head, "drives_backbone", False):
+        raise LmforgeError("this head runs its own generator through the encoder (ELECTRA pretraining); export the "
+                           "discriminator alone (convert --to-hf, then load it) or fine-tune it first")
+    backbone = backbone.eval()
+    out = folder / ONNX_DIR
+    entry = export_encoder(backbone, out / ENCODER_FILE, opset=opset)
+    ort = require_onnxruntime()
+    session = _session(out / ENCODER_FILE, ort)
+    diff = _parity(backbone, session, entry)
+    if diff > PARITY_TOLERANCE:
+        raise LmforgeError(f"the exported encoder differs from eager by {diff:.2e} (> {PARITY_TOLERANCE:g}); this is "
+                           "a bug in lmforge's export, please report it with the model's config.json")
+    entry["max_abs_diff_fp32"] = diff
+    notes = []
+    if quantize == "int8":
+        fp32 = out / "encoder.fp32.onnx"
+        (out / ENCODER_FILE).rename(fp32)
+        quantize_int8(fp32, out / ENCODER_FILE)
+        fp32.unlink()
+        entry["precision"] = "int8"
+        notes.append("int8: the MatMul weights are quantised (dynamic quantisation); check the accuracy on your "
+                     "held-out data with `lmforge evaluate --runtime onnx` against the fp32 folder")
+    elif quantize is not None:
+        raise LmforgeError(f"--quantize {quantize!r}: the choice is int8 (or leave it out for fp32)")
+    manifest = {"format": FORMAT, "graphs": {"encoder": entry}, "torch": torch.__version__,
+                "onnxruntime": ort.__version__}
+    atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return Exported(manifest, notes)
+
+
+# ------------------------------------------------------------------------------------------------ running
+def _session(path: Path, ort: Any) -> Any:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # as PyTorch's, which --threads / OMP_NUM_THREADS set
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: its warnings about unused initialisers are not the user's
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise InputFileError(f"{path}: ONNX Runtime could not load the graph ({str(exc).splitlines()[0]:.200}); "
+                             "export it again with lmforge convert --to-onnx") from exc
+
+
+class OnnxEncoder(nn.Module):
+    """An lmforge ``Encoder``'s forward, run by ONNX Runtime (see the module docstring).
+
+    Takes what ``Encoder.forward`` takes, with the same input checks and errors, and returns an ``EncoderOutput``
+    of CPU tensors. Attention weights and explicit ``position_ids`` are not in the graph: ask for them with
+    ``--runtime torch``. ``pooled_only`` is accepted and ignored (the graph computes every position).
+    """
+
+    def __init__(self, session: Any, config: Any, entry: dict[str, Any]) -> None:
+        super().__init__()
+        self.session = session
+        self.config = config
+        self.entry = entry
+        self.inputs = list(entry["inputs"])
+        # a parameter-less module has no device to report: run_model and the pipelines read it from here
+        self._placeholder = nn.Parameter(torch.empty(0), requires_grad=False)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                position_ids: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool | Any = False, pooled_only: bool = False) -> EncoderOutput:
+        if output_attentions is not False:
+            raise LmforgeError("attention weights are not in the ONNX graph; look inside with --runtime torch")
+        if position_ids is not None:
+            raise LmforgeError("position_ids are not an input of the ONNX graph (positions are 0 .. T - 1); run "
+                               "with --runtime torch to give them")
+        cfg = self.config
+        B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
+        if T > cfg.max_seq_len:
+            raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
+                               f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
+        feeds = {"input_ids": input_ids.detach().cpu().long().numpy()}
+        mask = torch.ones(B, T, dtype=torch.long) if attention_mask is None else attention_mask.detach().cpu().long()
+        if mask.shape != (B, T):
+            raise LmforgeError(f"attention_mask must have the shape of input_ids {(B, T)}; got {tuple(mask.shape)}")
+        feeds["attention_mask"] = mask.numpy()
+        if "token_type_ids" in self.inputs:
+            segments = torch.zeros(B, T, dtype=torch.long) if token_type_ids is None \
+                else token_type_ids.detach().cpu().long()
+            if segments.shape != (B, T):
+                raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
+                                   f"{tuple(segments.shape)}")
+            if segments.numel() and (int(segments.min()) < 0 or int(segments.max()) >= cfg.type_vocab_size):
+                raise LmforgeError(f"token_type_ids must be in [0, {cfg.type_vocab_size}) "
+                                   f"(type_vocab_size={cfg.type_vocab_size})")
+            feeds["token_type_ids"] = segments.numpy()
+        names = ["last_hidden_state", "pooled_output"]
+        if output_hidden_states:
+            names += [f"hidden_state_{i}" for i in range(cfg.n_layers + 1)]
+        got = [torch.from_numpy(a) for a in self.session.run(names, feeds)]
+        hidden = tuple(got[2:]) if output_hidden_states else None
+        return EncoderOutput(got[0], got[1], hidden, None)
+
+    def extra_repr(self) -> str:
+        return f"ONNX Runtime, {self.entry.get('precision', 'fp32')}, {self.entry.get('file')}"
+
+
+def read_manifest(folder: str | Path) -> dict[str, Any]:
+    """``folder/onnx/manifest.json``, with a one-line error naming the fix when it is missing or not ours."""
+    path = Path(folder) / ONNX_DIR / MANIFEST_NAME
+    if not path.is_file():
+        raise InputFileError(f"{folder}: no ONNX graph ({ONNX_DIR}/{MANIFEST_NAME} is missing); make one with "
+                             f"`lmforge convert --to-onnx {folder} --out DIR` and run that folder, or use --runtime "
+                             "torch")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputFileError(f"{path}: not readable JSON ({exc}); export the folder again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(
+            manifest.get("graphs"), dict):
+        raise InputFileError(f"{path}: not an lmforge ONNX manifest (format {FORMAT!r}); export the folder again")
+    return manifest
+
+
+def onnx_backbone(folder: str | Path, config: Any) -> nn.Module:
+    """The ONNX Runtime stand-in for the backbone of the model folder ``folder``."""
+    manifest = read_manifest(folder)
+    entry = manifest["graphs"].get("encoder")
+    if entry is None:
+        raise InputFileError(f"{folder}/{ONNX_DIR}/{MANIFEST_NAME}: no encoder graph; export the folder again")
+    ort = require_onnxruntime()
+    path = Path(folder) / ONNX_DIR / str(entry.get("file", ENCODER_FILE))
+    if not path.is_file():
+        raise InputFileError(f"{path}: missing; export the folder again with lmforge convert --to-onnx")
+    expected = _encoder_names(config)[0]
+    if list(entry.get("inputs", [])) != expected:
+        raise InputFileError(f"{path}: its inputs {entry.get('inputs')} are not this model's {expected}; the graph "
+                             "belongs to another model: export the folder again")
+    return OnnxEncoder(_session(path, ort), config, entry)
+
+
+def with_runtime(loaded: Any, folder: str | Path, runtime: str) -> Any:
+    """``loaded`` (from ``load_pretrained``) with its backbone run by ``runtime`` ("torch": unchanged)."""
+    from lmforge.heads import TaskModel
+
+    if runtime == "torch":
+        return loaded
+    if runtime != "onnx":
+        raise LmforgeError(f"--runtime {runtime!r}: choose torch or onnx")
+    model = loaded.model
+    if isinstance(model, TaskModel):
+        if getattr(model.head, "drives_backbone", False):
+            raise LmforgeError(f"{folder}: this head drives its own generator through the encoder; run it with "
+                               "--runtime torch")
+        model.backbone = onnx_backbone(folder, model.backbone.config)
+    else:
+        loaded.model = onnx_backbone(folder, getattr(model, "config", loaded.config))
+    return loaded
+
+
+def copy_model_folder(source: str | Path, target: Path) -> None:
+    """The files of the model folder ``source`` into ``target`` (no subfolders: runs and checkpoints stay)."""
+    for item in sorted(Path(source).iterdir()):
+        if item.is_file():
+            shutil.copy2(item, target / item.name)
