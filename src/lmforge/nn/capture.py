@@ -7,7 +7,8 @@ that is right for any input (see ``lmforge.utils.compiling``).
 
 ``torch.compile`` may still break a graph where the break pays (unpadding, the all-real-mask shortcut: BENCHMARKS,
 issue 39). ``torch.export`` (and so the ONNX export, ``lmforge.persistence.onnx``) cannot break a graph at all: while
-``exporting()`` is true those steps take their general path too (every position computed, the mask applied).
+``exporting()`` is true those steps take one path for every input (the mask always applied, as an additive bias;
+unpadding always on, its token count a size of the graph).
 ``torch.jit.trace`` is not supported: it would bake the example's values into the graph.
 """
 

@@ -15,9 +15,9 @@ graph data-dependent) runs in PyTorch on its outputs, so that every head lmforge
 eager's outputs within 1e-4 (fp32; tests/persistence/test_onnx.py).
 
 The graph is exported with ``torch.export`` (``torch.onnx.export(dynamo=True)``): one graph for any batch size and
-length up to ``max_seq_len``. While exporting, lmforge's data-dependent shortcuts (unpadding, the all-real-mask
-and empty-row branches) take their general path (``lmforge.nn.capture.exporting``): the graph computes every
-padded position, as Hugging Face optimum's exports do.
+length up to ``max_seq_len``. While exporting, lmforge's data-dependent shortcuts take one path for every input
+(``lmforge.nn.capture.exporting``): the graph always unpads (the token-wise layers run on the real tokens only, as
+in eager; Hugging Face optimum's graphs compute every padded position) and applies the mask as an additive bias.
 
 ``onnxruntime`` (running) and ``onnx`` + ``onnxscript`` (exporting) are the ``lmforge[onnx]`` extra; nothing else
 in lmforge needs them.
@@ -46,8 +46,9 @@ ONNX_DIR = "onnx"
 MANIFEST_NAME = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 FORMAT = "lmforge-onnx"
-OPSET = 18  # torch.onnx's default for the dynamo exporter; ONNX Runtime 1.16 and later run it
+OPSET = 20  # ONNX Gelu (opset 20): ONNX Runtime fuses it with its bias (BiasGelu); onnxruntime >= 1.17
 PARITY_TOLERANCE = 1e-4  # fp32 graphs: the largest |ONNX - eager| accepted at export
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 EXTRA_HINT = "install the extra: pip install 'lmforge[onnx]'"
 
 
@@ -243,7 +244,10 @@ def _session(path: Path, ort: Any) -> Any:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only: its warnings about unused initialisers are not the user's
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        # SkipLayerNormFusion (the residual Add folded into the LayerNorm) made BERT's post-LN layers 10% slower on
+        # ONNX Runtime's CPU kernels (BENCHMARKS, issue 39): the Add and LayerNormalization stay two nodes
+        return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=DISABLED_OPTIMIZERS)
     except Exception as exc:
         raise InputFileError(f"{path}: ONNX Runtime could not load the graph ({str(exc).splitlines()[0]:.200}); "
                              "export it again with lmforge convert --to-onnx") from exc
