@@ -172,10 +172,18 @@ def _parity(encoder: nn.Module, session: Any, entry: dict[str, Any]) -> float:
 def quantize_int8(source: Path, target: Path) -> None:
     """ONNX Runtime's dynamic quantisation: the weights of every MatMul in int8 (per tensor), activations
     quantised on the fly; the embeddings, norms and softmax stay fp32."""
+    import logging
+
     require_onnxruntime()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    root = logging.getLogger()  # the quantiser advises pre-processing through the root logger: not the user's concern
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
+    finally:
+        root.setLevel(level)
 
 
 @dataclass
