@@ -18,6 +18,10 @@ continue and no space before punctuation (``lmforge.generation.text``); ``--cont
 continuation alone (Hugging Face's ``return_full_text=False``). An encoder-decoder's line is its target text.
 Special tokens are dropped. ``--json`` writes one JSON object per prompt instead: ``{"prompt", "generations":
 [{"text", "continuation", "score", "log_prob", "tokens", "stop"}]}``.
+
+``--runtime onnx`` runs a GPT folder made by ``lmforge convert --to-onnx`` in ONNX Runtime, its KV cache fed
+through the graph (``lmforge.persistence.onnx_decoder``): the same tokens as ``--runtime torch``, always decoded
+with the cache.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lmforge.choices import RUNTIMES
 from lmforge.commands.options import POSITIVE, SEED, Count, Rate
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.utils.compiling import RUNTIME_HELP, check_runtime_options
 
 log = logging.getLogger("lmforge")
 
@@ -75,6 +81,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="print what a language model adds, without the prompt (default: the prompt, then the "
                         "continuation)")
     p.add_argument("--json", action="store_true", help="one JSON object per prompt with every hypothesis and score")
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -83,9 +90,10 @@ def run_generate(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise LmforgeError(f"--batch-size {args.batch_size} must be >= 1")
+    check_runtime_options(args)
     options = _options(args)
     config = GenerationConfig(**options)  # validates the options before the model is loaded
-    model, tokenizer, family = load_generator(args.model)
+    model, tokenizer, family = load_generator(args.model, runtime=args.runtime)
     texts, where = _read_prompts(args)
     special = _special_ids(tokenizer, args.stop)
     # An encoder-decoder's decoder starts from [CLS] (its training targets are [CLS] y [SEP]); a causal LM

@@ -136,8 +136,9 @@ def add_convert_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--to-onnx", metavar="DIR",
                      help="an lmforge model folder to run in ONNX Runtime: --out is the same folder with onnx/ "
                           "added (the encoder of a BERT-family model or task model as one graph for any batch and "
-                          "length; the head stays in PyTorch). Run it with --runtime onnx on predict, evaluate, "
-                          "embed and serve. Needs the lmforge[onnx] extra")
+                          "length; the head stays in PyTorch; a GPT decoder with its KV cache as graph inputs and "
+                          "outputs). Run it with --runtime onnx on predict, evaluate, embed, generate and serve. "
+                          "Needs the lmforge[onnx] extra")
     p.add_argument("--quantize", choices=("int8",), default=None,
                    help="with --to-onnx: int8 weights for every matrix product (ONNX Runtime's dynamic "
                         "quantisation); measure its accuracy with evaluate --runtime onnx (default: fp32)")
@@ -223,7 +224,7 @@ def _convert_to_onnx(args: argparse.Namespace) -> int:
         exported = export_onnx(loaded, tmp, quantize=args.quantize)
     for note in exported.notes:
         print(f"note: {note}", file=sys.stderr)
-    entry = exported.manifest["graphs"]["encoder"]
+    entry = next(iter(exported.manifest["graphs"].values()))  # the encoder's, or a GPT's decoder graph
     print(f"exported {args.to_onnx} -> {out}/onnx/{entry['file']} ({entry['precision']}; fp32 graph within "
           f"{entry['max_abs_diff_fp32']:.1e} of eager); run it with --runtime onnx")
     return 0

@@ -219,6 +219,9 @@ class DecoderAdapter(ModelAdapter):
         return state
 
     def _last_logits(self, ids: Tensor, mask: Tensor | None, cache: Any) -> Tensor:
+        if getattr(self.model, "logits_in_graph", False):  # the projection runs inside the model (an ONNX graph):
+            # take its logits rather than project the final states a second time (lmforge.persistence.onnx_decoder)
+            return self.model(ids, attention_mask=mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
         # Only the last position's scores are needed: skip the (B, T, V) projection of the others.
         out = self.model(ids, attention_mask=mask, cache=cache, return_logits=False, **self._last_only)
         hidden = out.last_hidden_state[:, -1]  # (B, D)
@@ -477,6 +480,8 @@ def adapter_for(model: Any, *, use_cache: bool = True, bos_id: int | None = None
 
     if isinstance(model, Decoder):
         return DecoderAdapter(model, use_cache)
+    if getattr(model, "logits_in_graph", False):  # a GPT run by ONNX Runtime: always with its cache (the graph's
+        return DecoderAdapter(model, use_cache=True)  # inputs and outputs; the tokens are the same without it)
     if isinstance(model, XLNet):
         return XLNetAdapter(model, use_cache, stream=getattr(model.config, "lm_stream", "query"))
     if isinstance(model, AWDLSTM):

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lmforge.errors import LmforgeError
+from lmforge.nn.capture import exporting
 
 __all__ = ["KVCache"]
 
@@ -25,7 +26,8 @@ class KVCache:
     Face's ``DynamicCache``, copies the whole cache each time: quadratic in the length). ``reorder`` (beam search)
     gathers the filled positions into a second buffer kept for that purpose and swaps the two, allocating nothing
     after the first calls. Keys that carry a gradient (a forward pass with autograd on) are concatenated and
-    gathered out of place instead, as before, so that backpropagating through a cached pass still works.
+    gathered out of place instead, as before, so that backpropagating through a cached pass still works; so are
+    keys while ``torch.export`` records the model (the ONNX decoder graph, whose cache is its inputs and outputs).
 
     Attributes:
         key, value: (B, H, S, Dh) views of the filled positions, or None while empty.
@@ -76,8 +78,10 @@ class KVCache:
         """
         self._select_pending()
         S, T = self._length, key.shape[-2]
-        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
-            # in autograd's graph: concatenate (in-place writes into a buffer would break the backward pass)
+        if exporting() or (torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)):
+            # in autograd's graph: concatenate (in-place writes into a buffer would break the backward pass);
+            # exported (lmforge.persistence.onnx_decoder): the past keys/values are graph inputs and the
+            # concatenation its outputs, rather than a buffer whose growth test would bake one capacity into the graph
             self._key = key if self._key is None else torch.cat((self.key, key), dim=-2)
             self._value = value if self._value is None else torch.cat((self.value, value), dim=-2)
             self._length, self._spare = S + T, None

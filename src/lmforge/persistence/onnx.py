@@ -110,10 +110,12 @@ def _example_batch(config: Any, batch: int, length: int, seed: int) -> dict[str,
 
 
 def supports_onnx(model: nn.Module) -> bool:
-    """An lmforge ``Encoder`` (BERT, RoBERTa, ALBERT, DistilBERT, ELECTRA layouts) exports."""
+    """An lmforge ``Encoder`` (BERT, RoBERTa, ALBERT, DistilBERT, ELECTRA layouts) or GPT ``Decoder``
+    (``lmforge.persistence.onnx_decoder``) exports."""
+    from lmforge.models.decoder import Decoder
     from lmforge.models.encoder import Encoder
 
-    return isinstance(model, Encoder)
+    return isinstance(model, Encoder | Decoder)
 
 
 def export_encoder(encoder: nn.Module, path: Path, *, opset: int = OPSET) -> dict[str, Any]:
@@ -212,11 +214,15 @@ def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset
     backbone = model.backbone if isinstance(model, TaskModel) else model
     if not supports_onnx(backbone):
         raise LmforgeError(f"a {loaded.config.arch!r} model: convert --to-onnx exports Transformer encoders (BERT, "
-                           "RoBERTa, ALBERT, DistilBERT, ELECTRA and their task heads); run this one with --runtime "
-                           "torch")
+                           "RoBERTa, ALBERT, DistilBERT, ELECTRA and their task heads) and GPT decoders; run this "
+                           "one with --runtime torch")
     if isinstance(model, TaskModel) and getattr(model.head, "drives_backbone", False):
         raise LmforgeError("this head runs its own generator through the encoder (ELECTRA pretraining); export the "
                            "discriminator alone (convert --to-hf, then load it) or fine-tune it first")
+    from lmforge.persistence.onnx_decoder import export_decoder_onnx, is_decoder
+
+    if is_decoder(backbone):  # a GPT: the KV cache as graph inputs and outputs
+        return export_decoder_onnx(model, backbone, folder, quantize=quantize, opset=opset)
     backbone = backbone.eval()
     out = folder / ONNX_DIR
     entry = export_encoder(backbone, out / ENCODER_FILE, opset=opset)
@@ -337,6 +343,10 @@ def read_manifest(folder: str | Path) -> dict[str, Any]:
 def onnx_backbone(folder: str | Path, config: Any) -> nn.Module:
     """The ONNX Runtime stand-in for the backbone of the model folder ``folder``."""
     manifest = read_manifest(folder)
+    if getattr(config, "arch", None) == "decoder":  # a GPT (lmforge.persistence.onnx_decoder)
+        from lmforge.persistence.onnx_decoder import onnx_decoder
+
+        return onnx_decoder(folder, config, manifest)
     entry = manifest["graphs"].get("encoder")
     if entry is None:
         raise InputFileError(f"{folder}/{ONNX_DIR}/{MANIFEST_NAME}: no encoder graph; export the folder again")

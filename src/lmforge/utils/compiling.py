@@ -62,9 +62,9 @@ COMPILE_HELP = ("compile the model with torch.compile (inductor): the first step
 INFERENCE_COMPILE_HELP = ("compile the model with torch.compile (inductor) before running it: the first batches are "
                           "slower (compilation), the later ones faster; needs a C++ compiler on a CPU "
                           "(default: off)")
-RUNTIME_HELP = ("what runs the encoder: torch (default), or onnx: ONNX Runtime, from the folder's onnx/ graph "
-                "(make one with lmforge convert --to-onnx; the head still runs in PyTorch; needs the lmforge[onnx] "
-                "extra)")
+RUNTIME_HELP = ("what runs the model: torch (default), or onnx: ONNX Runtime, from the folder's onnx/ graph "
+                "(make one with lmforge convert --to-onnx; a task head still runs in PyTorch; needs the "
+                "lmforge[onnx] extra)")
 
 
 def check_runtime_options(args: Any) -> None:
