@@ -133,6 +133,15 @@ def export_encoder(encoder: nn.Module, path: Path, *, opset: int = OPSET) -> dic
     batch = torch.export.Dim("batch", min=1)
     seq = torch.export.Dim("sequence", min=1, max=config.max_seq_len)
     dynamic = {name: {0: batch, 1: seq} for name in inputs}
+    write_graph(graph, tuple(example[n] for n in inputs), path, what="encoder", inputs=inputs, outputs=outputs,
+                dynamic=dynamic, opset=opset)
+    return {"file": path.name, "kind": "encoder", "inputs": inputs, "outputs": outputs, "precision": "fp32",
+            "opset": opset}
+
+
+def write_graph(graph: nn.Module, example: tuple[Tensor, ...], path: Path, *, what: str, inputs: list[str],
+                outputs: list[str], dynamic: Any, opset: int) -> None:
+    """``torch.onnx.export(dynamo=True)`` of ``graph`` on ``example`` to ``path``, quietly, with a one-line error."""
     import logging
     import warnings
 
@@ -143,18 +152,15 @@ def export_encoder(encoder: nn.Module, path: Path, *, opset: int = OPSET) -> dic
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(graph, tuple(example[n] for n in inputs), dynamo=True, input_names=inputs,
-                                        output_names=outputs, dynamic_shapes=dynamic, opset_version=opset,
-                                        verbose=False)
+            program = torch.onnx.export(graph, example, dynamo=True, input_names=inputs, output_names=outputs,
+                                        dynamic_shapes=dynamic, opset_version=opset, verbose=False)
         except Exception as exc:  # the exporter's errors are pages long: keep the first line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise LmforgeError(f"exporting the encoder to ONNX failed: {first:.300}") from exc
+            raise LmforgeError(f"exporting the {what} to ONNX failed: {first:.300}") from exc
         finally:
             registration.setLevel(level)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path))
-    return {"file": path.name, "kind": "encoder", "inputs": inputs, "outputs": outputs, "precision": "fp32",
-            "opset": opset}
 
 
 def _parity(encoder: nn.Module, session: Any, entry: dict[str, Any]) -> float:
@@ -235,19 +241,28 @@ def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset
     entry["max_abs_diff_fp32"] = diff
     notes = []
     if quantize == "int8":
-        fp32 = out / "encoder.fp32.onnx"
-        (out / ENCODER_FILE).rename(fp32)
-        quantize_int8(fp32, out / ENCODER_FILE)
-        fp32.unlink()
-        entry["precision"] = "int8"
-        notes.append("int8: the MatMul weights are quantised (dynamic quantisation); check the accuracy on your "
-                     "held-out data with `lmforge evaluate --runtime onnx` against the fp32 folder")
+        notes.append(quantize_graph(out / ENCODER_FILE, entry, "the accuracy on your held-out data with `lmforge "
+                                    "evaluate --runtime onnx`"))
     elif quantize is not None:
         raise LmforgeError(f"--quantize {quantize!r}: the choice is int8 (or leave it out for fp32)")
-    manifest = {"format": FORMAT, "graphs": {"encoder": entry}, "torch": torch.__version__,
-                "onnxruntime": ort.__version__}
+    return Exported(write_manifest(out, "encoder", entry, ort), notes)
+
+
+def quantize_graph(path: Path, entry: dict[str, Any], check: str) -> str:
+    """``path`` replaced by its int8 version (``quantize_int8``), ``entry`` marked so; the note for the user."""
+    fp32 = path.with_suffix(".fp32.onnx")
+    path.rename(fp32)
+    quantize_int8(fp32, path)
+    fp32.unlink()
+    entry["precision"] = "int8"
+    return f"int8: the MatMul weights are quantised (dynamic quantisation); check {check} against the fp32 folder"
+
+
+def write_manifest(out: Path, kind: str, entry: dict[str, Any], ort: Any) -> dict[str, Any]:
+    """``out/manifest.json`` for one graph of ``kind``; returns the manifest."""
+    manifest = {"format": FORMAT, "graphs": {kind: entry}, "torch": torch.__version__, "onnxruntime": ort.__version__}
     atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
-    return Exported(manifest, notes)
+    return manifest
 
 
 # ------------------------------------------------------------------------------------------------ running

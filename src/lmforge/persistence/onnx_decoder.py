@@ -33,9 +33,6 @@ unchanged, always with the cache.
 
 from __future__ import annotations
 
-import json
-import logging
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +45,18 @@ from lmforge.models.outputs import DecoderOutput
 from lmforge.nn.inputs import check_input_ids
 from lmforge.nn.masks import key_padding_mask
 from lmforge.persistence.onnx import (
-    FORMAT,
     MANIFEST_NAME,
     ONNX_DIR,
     OPSET,
     PARITY_TOLERANCE,
     Exported,
     _session,
-    quantize_int8,
+    quantize_graph,
     require_onnx,
     require_onnxruntime,
+    write_graph,
+    write_manifest,
 )
-from lmforge.utils.io import atomic_write_text
 
 __all__ = ["DECODER_FILE", "OnnxDecoder", "OnnxDecoderCache", "decoder_names", "export_decoder",
            "export_decoder_onnx", "is_decoder", "onnx_decoder"]
@@ -140,23 +137,8 @@ def export_decoder(decoder: nn.Module, path: Path, *, logits: bool = True, opset
     total = torch.export.Dim("total", min=1, max=limit)
     dynamic = ({0: batch, 1: new}, {0: batch, 1: total}, tuple({0: batch, 2: cached} for _ in past))
     graph = _DecoderGraph(decoder, logits).eval()
-    # the exporter's notes on renamed axes, its deprecations and the torchvision ops it skips are not the user's
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            program = torch.onnx.export(graph, (ids, mask, *past), dynamo=True, input_names=inputs,
-                                        output_names=outputs, dynamic_shapes=dynamic, opset_version=opset,
-                                        verbose=False)
-        except Exception as exc:  # the exporter's errors are pages long: keep the first line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise LmforgeError(f"exporting the decoder to ONNX failed: {first:.300}") from exc
-        finally:
-            registration.setLevel(level)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    program.save(str(path))
+    write_graph(graph, (ids, mask, *past), path, what="decoder", inputs=inputs, outputs=outputs, dynamic=dynamic,
+                opset=opset)
     return {"file": path.name, "kind": "decoder", "inputs": inputs, "outputs": outputs, "precision": "fp32",
             "opset": opset, "positional": config.positional, "cache": "past_*/present_* (batch, heads, positions, "
             "head dim); P = 0: empty pasts"}
@@ -229,17 +211,8 @@ def export_decoder_onnx(model: nn.Module, decoder: nn.Module, folder: Path, *, q
         notes.append("a task model: the graph has no logits (its head reads the final states); it does not "
                      "generate: export the language model's folder for that")
     if quantize == "int8":
-        fp32 = out / "decoder.fp32.onnx"
-        (out / DECODER_FILE).rename(fp32)
-        quantize_int8(fp32, out / DECODER_FILE)
-        fp32.unlink()
-        entry["precision"] = "int8"
-        notes.append("int8: the MatMul weights are quantised (dynamic quantisation); check the quality on your own "
-                     "prompts against the fp32 folder")
-    manifest = {"format": FORMAT, "graphs": {"decoder": entry}, "torch": torch.__version__,
-                "onnxruntime": ort.__version__}
-    atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
-    return Exported(manifest, notes)
+        notes.append(quantize_graph(out / DECODER_FILE, entry, "the quality on your own prompts"))
+    return Exported(write_manifest(out, "decoder", entry, ort), notes)
 
 
 # ------------------------------------------------------------------------------------------------ running
