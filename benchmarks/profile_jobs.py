@@ -1,4 +1,4 @@
-"""Where the time goes, job by job: ``torch.profiler`` tables of lmforge before issue 22, lmforge now and the reference.
+"""Where the time goes, job by job: ``torch.profiler`` tables and MFU of lmforge before issue 22, now and the reference.
 
 Issue 22 asks for "a profile table per job (top operators before and after)". For each job this script profiles
 a few warm steps of three sides, each in its own fresh process:
@@ -35,9 +35,42 @@ charges the wait to whichever operator was running). Operators are ranked by sel
 operator's self time over the marker's total, so the shares of a side add up to 100% with the marker's own self
 time, listed as "(Python and other time outside torch operators)".
 
-Run: ``.venv/bin/python benchmarks/profile_jobs.py [--jobs pretrain-bert,train-gpt,encode,finetune,generate]
-[--steps 3] [--warmup 1] [--top 10]``. Prints Markdown and writes ``benchmarks/results/profile-jobs.md`` and
-``benchmarks/results/profile-jobs.json`` (``--out STEM`` for other names).
+MFU (issue 39, item 6). After its profiled steps each child runs one more step under
+``torch.utils.flop_counter.FlopCounterMode`` and records that side's own FLOPs per step: what that side computes,
+so the sides of a job need not count the same (lmforge's MLM projects onto the vocabulary at the masked positions
+only, Hugging Face's at every position; lmforge's encoder layers run on the real tokens of a padded batch, Hugging
+Face's on every padded position). Achieved FLOP/s = FLOPs per step / the median wall time of an unprofiled step;
+MFU = that over the machine's fp32 matmul peak at one thread, ``bench_pretrain.matmul_peak()`` (best of repeated
+2048^3 ``F.linear`` products) run in a fresh one-thread child at the start and again at the end of the run, the
+better reading kept (the machine is shared). What is counted, at 2 FLOPs per multiply-add, forward and backward:
+
+- by torch's own formulas: ``mm``, ``addmm``, ``bmm``, ``baddbmm`` (every overload, ``out=`` included: lmforge's
+  fused LM loss and few-row projection write with ``out=``), convolutions and the CUDA SDPA kernels;
+- by formulas this script adds (``extra_flop_formulas``), because torch 2.13's counter has none and these jobs run
+  them: the in-place ``addmm_`` (lmforge's fused LM loss accumulates the vocabulary matrix's gradient with it, chunk
+  after chunk) and ``baddbmm_``, ``addbmm``, and the CPU flash-attention kernel
+  ``_scaled_dot_product_flash_attention_for_cpu`` and its backward, which both sides' SDPA calls reach on a CPU
+  (without it every fused attention is 0 FLOPs on a CPU). A causal mask's skipped half is not subtracted, as torch
+  does not for the CUDA kernels. SDPA's math fallback (dropout on a CPU) and lmforge's own attention kernels are
+  ``bmm``/``baddbmm`` and counted as such;
+- not counted (0 FLOPs on both sides, the convention of ``bench_pretrain.py``): element-wise arithmetic, softmax and
+  log-softmax, layer norm, GELU/tanh, dropout masks, embedding look-ups, gathers and scatters, the loss and the
+  optimizer. Every other product-like operator a step runs without a formula (a name with mm, matmul, linear,
+  einsum, dot, mv, conv or attention in it) is listed per side in the JSON and under the job's table, so a missing
+  count shows; on this machine's run the lists were empty.
+
+"GFLOP/s in the products" is the same FLOPs over the self time of the counted operators in the profiled step: how
+fast the products themselves ran; the gap to the achieved GFLOP/s is the time spent outside them.
+
+Sides: ``--sides now,reference`` skips ``before`` (a ``git archive`` of an old commit that imports today's
+``bench_*.py`` helpers, so it may break when they change); it stays the default. ``--no-peak`` skips the peak and
+the MFU columns. Written files carry no path of this machine (the checkout, the temporary folder, the interpreter's
+prefix and the home folder are replaced).
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_jobs.py [--jobs pretrain-bert,train-gpt,encode,
+finetune,generate] [--sides before,now,reference] [--steps 3] [--warmup 1] [--top 10] [--no-peak]``. Prints Markdown
+and writes ``benchmarks/results/profile-jobs.md`` and ``benchmarks/results/profile-jobs.json`` (``--out STEM`` for
+other names).
 """
 
 from __future__ import annotations
@@ -263,17 +296,102 @@ def child(job: str, side: str, steps: int, warmup: int, keep: int) -> dict[str, 
             "share": e.self_cpu_time_total / total_us, "calls": e.count}
            for e in events if e.self_cpu_time_total > 0]
     ops.sort(key=lambda o: -o["self_ms"])
+    flops = count_flops(step)  # one more step, after the timed and profiled ones (the mode slows a step down)
+    counted = set(flops["by_op"])
+    product_ms = sum(o["self_ms"] for o in ops if o["op"] in counted)  # every operator, not only the kept ones
     return {"job": job, "side": side, "torch_threads": torch.get_num_threads(), "step_wall_ms": wall,
             "step_cpu_ms": cpu, "step_ms_median": statistics.median(wall), "step_cpu_ms_median": statistics.median(cpu),
             "profiled_steps_ms": [t / 1e3 for t, _ in profiles], "profiled_step_ms": total_us / 1e3,
-            "covered_share": sum(o["share"] for o in ops[:keep]), "ops": ops[:keep], "ops_total": len(ops)}
+            "covered_share": sum(o["share"] for o in ops[:keep]), "ops": ops[:keep], "ops_total": len(ops),
+            "flops": flops["total"], "flops_by_op": flops["by_op"], "flops_uncounted_ops": flops["uncounted"],
+            "counted_ops_ms": product_ms}
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs (child side)
+MATMUL_LIKE = re.compile(r"mm|matmul|linear|einsum|dot|mv|addr|conv|attention|attn|mkldnn|_mkl|tensordot")
+
+
+def _addmm_flop(self_shape: Any, a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """(m, k) @ (k, n), or the batched (b, m, k) @ (b, k, n) of baddbmm_ / addbmm: 2 FLOPs per multiply-add."""
+    batch = a_shape[0] if len(a_shape) == 3 else 1
+    return 2 * batch * a_shape[-2] * a_shape[-1] * b_shape[-1]
+
+
+def extra_flop_formulas() -> dict[Any, Any]:
+    """Formulas FlopCounterMode lacks in this torch for products that the jobs run on a CPU.
+
+    ``torch.utils.flop_counter`` counts mm, addmm, bmm, baddbmm (every overload: ``out=`` included) and the CUDA SDPA
+    kernels, but not the in-place ``addmm_`` / ``baddbmm_`` (lmforge's fused LM loss accumulates its weight gradient
+    with ``addmm_``) nor the CPU flash-attention kernel ``_scaled_dot_product_flash_attention_for_cpu`` and its
+    backward, which both sides' SDPA calls reach on a CPU. They get torch's own formulas (the causal half is not
+    subtracted, as torch does for the CUDA kernels).
+    """
+    import torch
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def sdpa_cpu(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
+                 **kwargs: Any) -> int:
+        return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def sdpa_cpu_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
+                          out_shape: Any = None, **kwargs: Any) -> int:
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    return {aten.addmm_: _addmm_flop, aten.baddbmm_: _addmm_flop, aten.addbmm: _addmm_flop,
+            aten.addbmm_: _addmm_flop, aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: sdpa_cpu_backward}
+
+
+def count_flops(step: Callable[[], Any]) -> dict[str, Any]:
+    """FLOPs of one step as ``torch.utils.flop_counter.FlopCounterMode`` counts them (with ``extra_flop_formulas``),
+    per operator (profiler spelling, ``aten::mm``), and every product-like operator the step ran that has no
+    formula (its FLOPs are missing from the total)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    seen: dict[str, int] = {}
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = str(func._overloadpacket)
+            seen[name] = seen.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    extra = extra_flop_formulas()
+    counter = FlopCounterMode(display=False, custom_mapping=extra)
+    with counter, Seen():
+        step()
+    by_op = {str(op).replace(".", "::", 1): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    formulas = {str(op) for op in (*flop_registry, *extra)}
+    # an operator with a CompositeImplicitAutograd kernel (aten.linear, aten.scaled_dot_product_attention under
+    # inference_mode) is decomposed by the counter, and its pieces are counted
+    uncounted = {name.replace(".", "::", 1): calls for name, calls in seen.items()
+                 if name not in formulas and MATMUL_LIKE.search(name.split(".", 1)[-1])
+                 and not torch._C._dispatch_has_kernel_for_dispatch_key(name.replace(".", "::", 1),
+                                                                         "CompositeImplicitAutograd")}
+    return {"total": int(counter.get_total_flops()), "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1])),
+            "uncounted": uncounted}
+
+
+def peak_child() -> dict[str, Any]:
+    """``bench_pretrain.matmul_peak()`` at one thread, in this fresh process."""
+    import torch
+
+    import bench_pretrain as bp
+
+    torch.set_num_threads(1)
+    return {"threads": torch.get_num_threads(),
+            **{k: {"gflops": g, "n": n} for k, (g, n) in bp.matmul_peak().items()}}
 
 
 # ---------------------------------------------------------------------------------------------- categories
-LINEAR = "linear layers (addmm, mm)"
+LINEAR = "linear layers (addmm, addmm_, mm)"
 CATEGORIES = [  # (category, regular expression on the operator name), first match wins
     (OUTSIDE, re.escape(OUTSIDE)),
-    (LINEAR, r"aten::(addmm|mm|matmul|linear|_addmm_activation)$|mkldnn_|_mkl"),
+    (LINEAR, r"aten::(addmm_?|mm|matmul|linear|_addmm_activation)$|mkldnn_|_mkl"),  # addmm_: fused LM loss
     ("attention, fused SDPA kernel", r"scaled_dot_product|_flash_attention|_efficient_attention"),
     ("attention, unfused math path (bmm, softmax)", r"aten::(bmm|baddbmm|_?softmax|_softmax_backward_data)$"),
     ("dropout masks (bernoulli_)", r"bernoulli|native_dropout|aten::dropout"),
@@ -334,13 +452,18 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def ran(results: dict[str, Any]) -> list[str]:
+    """The sides present in ``results``, in SIDES order."""
+    return [s for s in SIDES if s in results]
+
+
 def job_table(results: dict[str, dict[str, Any]], top: int) -> str:
     header, rows = ["#"], []
-    for side in SIDES:
+    for side in ran(results):
         header += [f"{SIDE_TITLES[side]} operator", "self %", "ms/step"]
     for i in range(top):
         row: list[object] = [i + 1]
-        for side in SIDES:
+        for side in ran(results):
             ops = results[side]["ops"] if side in results else []
             if i < len(ops):
                 o = ops[i]
@@ -348,7 +471,7 @@ def job_table(results: dict[str, dict[str, Any]], top: int) -> str:
             else:
                 row += ["", "", ""]
         rows.append(row)
-    return markdown_table(header, rows, "r" + "lrr" * len(SIDES))
+    return markdown_table(header, rows, "r" + "lrr" * len(ran(results)))
 
 
 def speedups(results: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -371,20 +494,17 @@ def step_line(results: dict[str, dict[str, Any]]) -> str:
 
 
 def category_table(results: dict[str, dict[str, Any]]) -> str:
-    cats = {side: categories(results[side]["ops"]) for side in SIDES if side in results}
+    cats = {side: categories(results[side]["ops"]) for side in ran(results)}
     names = sorted({c for per in cats.values() for c in per},
                    key=lambda c: -max(cats[s].get(c, 0.0) for s in cats))
     rows = []
     for c in names:
         row: list[object] = [c]
-        for side in SIDES:
-            if side in cats:
-                ms = cats[side].get(c, 0.0) * results[side]["profiled_step_ms"]
-                row.append(f"{pct(cats[side].get(c, 0.0))} ({ms:,.0f} ms)")
-            else:
-                row.append("n/a")
+        for side in cats:
+            ms = cats[side].get(c, 0.0) * results[side]["profiled_step_ms"]
+            row.append(f"{pct(cats[side].get(c, 0.0))} ({ms:,.0f} ms)")
         rows.append(row)
-    return markdown_table(["Category: share of the profiled step (ms/step)", *(SIDE_TITLES[s] for s in SIDES)],
+    return markdown_table(["Category: share of the profiled step (ms/step)", *(SIDE_TITLES[s] for s in cats)],
                           rows)
 
 
@@ -425,17 +545,103 @@ def summary(results: dict[str, dict[str, Any]], bf16_native: str) -> str:
     return " ".join(text)
 
 
+def peak_gflops(meta: dict[str, Any]) -> float | None:
+    """The better of the two fp32 readings (GFLOP/s), None where the peak was not measured."""
+    readings = [r["fp32"]["gflops"] for r in meta.get("peak", {}).values() if isinstance(r, dict) and "fp32" in r]
+    return max(readings) if readings else None
+
+
+def flop_row(results: dict[str, dict[str, Any]], side: str, peak: float | None) -> list[object]:
+    """Step time, speed against the reference, own GFLOP per step, GFLOP/s, MFU, GFLOP/s inside the products."""
+    r = results[side]
+    ref = results.get("reference")
+    ratio = (f"{ref['step_ms_median'] / r['step_ms_median']:.2f}x" if ref and "error" not in ref
+             and side != "reference" else "")
+    if "flops" not in r:
+        return [SIDE_TITLES[side], f"{r['step_ms_median']:,.0f}", f"{r['step_cpu_ms_median']:,.0f}", ratio,
+                "n/a", "n/a", "n/a", "n/a"]
+    achieved = r["flops"] / (r["step_ms_median"] / 1e3) / 1e9
+    inside = r["flops"] / (r["counted_ops_ms"] / 1e3) / 1e9 if r.get("counted_ops_ms") else None
+    return [SIDE_TITLES[side], f"{r['step_ms_median']:,.0f}", f"{r['step_cpu_ms_median']:,.0f}", ratio,
+            f"{r['flops'] / 1e9:,.2f}", f"{achieved:,.1f}", pct(achieved / peak) if peak else "n/a",
+            f"{inside:,.1f}" if inside else "n/a"]
+
+
+FLOP_HEADER = ["Side", "step ms (wall)", "step ms (CPU)", "lmforge / reference (speed)", "GFLOP/step (own)",
+               "GFLOP/s", "MFU", "GFLOP/s in the products"]
+
+
+def flop_table(results: dict[str, dict[str, Any]], peak: float | None) -> str:
+    return markdown_table(FLOP_HEADER, [flop_row(results, s, peak) for s in ran(results)])
+
+
+def summary_table(all_results: dict[str, dict[str, dict[str, Any]]], peak: float | None) -> str:
+    rows = []
+    for job, results in all_results.items():
+        good = {s: r for s, r in results.items() if "error" not in r}
+        rows += [[f"`{job}`", *flop_row(good, s, peak)] for s in ran(good)]
+    return markdown_table(["Job", *FLOP_HEADER], rows, "ll" + "r" * (len(FLOP_HEADER) - 1))
+
+
+def uncounted_line(results: dict[str, dict[str, Any]]) -> str:
+    parts = [f"{SIDE_TITLES[s]}: {', '.join(f'`{op}` ({n} calls)' for op, n in r['flops_uncounted_ops'].items())}"
+             for s, r in results.items() if r.get("flops_uncounted_ops")]
+    return ("Product-like operators without a FLOP formula (their FLOPs are missing from GFLOP/step): "
+            + "; ".join(parts) + ".") if parts else ""
+
+
+def flops_line(results: dict[str, dict[str, Any]]) -> str:
+    """Which counted operators make up each side's FLOPs."""
+    parts = []
+    for s, r in results.items():
+        if r.get("flops"):
+            ops = list(r["flops_by_op"].items())[:4]
+            parts.append(f"{SIDE_TITLES[s]} " + ", ".join(f"`{op}` {pct(n / r['flops'])}" for op, n in ops))
+    return ("FLOPs by operator: " + "; ".join(parts) + ".") if parts else ""
+
+
 def render(all_results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, Any], top: int) -> str:
-    out = ["# Profiles per job: lmforge before issue 22, lmforge now, and the Hugging Face reference", ""]
+    sides = meta.get("sides", list(SIDES))
+    peak = peak_gflops(meta)
+    title = ", ".join(SIDE_TITLES[s].replace("reference (HF)", "the Hugging Face reference") for s in sides)
+    out = [f"# Profiles per job{', with MFU' if peak else ''}: {title}", ""]
     out += ["Command (from the repository root):", "", "```bash", meta["command"], "```", ""]
     out += ["Machine:", ""]
     out += [f"- {k}: {v}" for k, v in meta["machine"].items()]
     out += [f"- Instruction set: {meta['isa']}; torch's CPU capability: {meta['torch_capability']}",
             f"- Allocator (every side, every child): {meta['allocator']}",
             "- torch threads: 1 in every child (`torch.set_num_threads(1)`, `OMP_NUM_THREADS=1`), so the shares of "
-            "the three sides are comparable on this shared machine",
-            f"- Load average (1, 5, 15 min) at end: {meta.get('load_end', 'n/a')}; the whole run took "
+            "the sides are comparable on this shared machine"]
+    if meta.get("peak"):
+        readings = "; ".join(f"at {when} fp32 {r['fp32']['gflops']:.1f} GFLOP/s (n = {r['fp32']['n']}), bf16 "
+                             f"{r['bf16']['gflops']:.1f} GFLOP/s (n = {r['bf16']['n']})"
+                             for when, r in meta["peak"].items() if "fp32" in r)
+        out += [f"- Matmul peak, one thread (`bench_pretrain.matmul_peak()` in a fresh one-thread process: best of "
+                f"repeated `F.linear` n^3 products): {readings}; MFU below uses the better fp32 reading, "
+                f"**{peak:.1f} GFLOP/s**"]
+    out += [f"- Load average (1, 5, 15 min) at end: {meta.get('load_end', 'n/a')}; the whole run took "
             f"{meta.get('wall_s', 0):,.0f} s", ""]
+    if peak:
+        out += ["## MFU per job and side", ""]
+        out += ["GFLOP/step is each side's own count: the FLOPs that side computes in one step, so two sides of a "
+                "job need not count the same. lmforge's MLM projects onto the vocabulary at the masked positions "
+                "only and Hugging Face's at every position; lmforge's encoder layers run on the real tokens of a "
+                "padded batch (unpadding) and Hugging Face's on every padded position. The count is "
+                "`torch.utils.flop_counter.FlopCounterMode` over one extra step (after the timed and profiled "
+                "ones), 2 FLOPs per multiply-add: matrix products (`mm`, `addmm`, `bmm`, `baddbmm`, their `out=` "
+                "forms and, by formulas this script adds, the in-place `addmm_`/`baddbmm_` and `addbmm`) and "
+                "attention kernels (the CUDA SDPA kernels by torch's formulas; the CPU flash kernel "
+                "`_scaled_dot_product_flash_attention_for_cpu` and its backward, which torch's counter misses, by "
+                "the same formulas added here; a causal mask's half is not subtracted), forward and backward. "
+                "Element-wise operations, softmax and log-softmax, layer norm, GELU, dropout masks, embedding "
+                "look-ups and gathers, the loss and the optimizer count 0 (the convention of `bench_pretrain.py`). "
+                "Achieved GFLOP/s = GFLOP/step / the median wall time of an unprofiled step; MFU = achieved / the "
+                "measured fp32 peak at one thread. \"GFLOP/s in the products\" = GFLOP/step / the self time of the "
+                "counted operators in the profiled step: how fast the products themselves ran (small or thin "
+                "products run below the 2048^3 peak); the gap between it and GFLOP/s is the time outside the "
+                "products. \"lmforge / reference (speed)\" = the reference's wall time / that side's (above 1: "
+                "lmforge is faster).", ""]
+        out += [summary_table(all_results, peak), ""]
     out += [f"Each side of each job runs in its own process: {meta['warmup']} warm-up step(s), {meta['steps']} "
             "timed steps (their median CPU time, `time.process_time`, and wall time are the step times below; with "
             "one thread CPU time is the work done and hardly counts the waits for a core that other jobs cause), then "
@@ -444,19 +650,24 @@ def render(all_results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, An
             "charges the wait to whichever operator was running). Operators are ranked by self CPU time; \"self %\" "
             "is the share of that profiled step (the shares of a side, with the time outside torch operators, add "
             "up to 100%), \"ms/step\" the self time (profiler overhead included, so a profiled step is slower than "
-            f"an unprofiled one). \"Before\" is lmforge at git {BEFORE_COMMIT}, just before issue 22's work "
-            "(exported with `git archive` and imported through `PYTHONPATH`); \"now\" is this working tree "
-            f"({meta['now_version']}); the reference is `transformers` {meta['transformers']} (sdpa attention), "
-            "built as the matching `bench_*.py` builds it. Random weights, synthetic random ids, fp32.", ""]
+            "an unprofiled one). "
+            + (f"\"Before\" is lmforge at git {BEFORE_COMMIT}, just before issue 22's work (exported with `git "
+               "archive` and imported through `PYTHONPATH`); " if "before" in sides else "")
+            + f"\"now\" is this working tree ({meta['now_version']}); the reference is `transformers` "
+            f"{meta['transformers']} (sdpa attention), built as the matching `bench_*.py` builds it. Random weights, "
+            "synthetic random ids, fp32.", ""]
     out += ["The category table below each operator table groups every kept operator (the top "
             f"{meta['keep']} of each side) by a name pattern (`CATEGORIES` in the script); the sentence under it "
             "is generated from the same numbers.", ""]
     for job, results in all_results.items():
         out += [f"## {JOBS[job]}", ""]
-        out += [f"`{job}`: lmforge against `{REFERENCE_MODEL[job]}`. {step_line(results)}", ""]
         failed = [f"{SIDE_TITLES[s]}: {results[s]['error']}" for s in SIDES if "error" in results.get(s, {})]
         good = {s: r for s, r in results.items() if "error" not in r}
+        out += [f"`{job}`: lmforge against `{REFERENCE_MODEL[job]}`. {step_line(good)}", ""]
         out += [f"Failed: {'; '.join(failed)}", ""] if failed else []
+        if peak and good:
+            out += [flop_table(good, peak), ""]
+            out += [line for text in (flops_line(good), uncounted_line(good)) if text for line in (text, "")]
         out += [job_table(good, top), "", category_table(good), "", summary(good, meta["bf16_native"]), ""]
     return "\n".join(out)
 
@@ -476,6 +687,32 @@ def child_env(side: str, before_src: Path) -> dict[str, str]:
     return env
 
 
+def measure_peak(when: str) -> dict[str, Any]:
+    """The matmul peak at one thread, in a fresh child (``{}`` with a note on stderr if it fails)."""
+    print(f"matmul peak ({when}), one thread...", file=sys.stderr, flush=True)
+    try:
+        r = run_child(__file__, ["--peak"], env=child_env("now", REPO_ROOT / "src"))
+    except RuntimeError as e:
+        print(f"  failed: {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        return {}
+    print(f"  fp32 {r['fp32']['gflops']:.1f} GFLOP/s, bf16 {r['bf16']['gflops']:.1f} GFLOP/s", file=sys.stderr,
+          flush=True)
+    return r
+
+
+def sanitise(text: str, tmp: str | None = None) -> str:
+    """No path of this machine in what is written: the checkout, the temporary folder, the interpreter's prefix
+    and the home folder become relative or placeholder names."""
+    pairs = [(str(REPO_ROOT) + "/", ""), (str(REPO_ROOT), "."), (sys.prefix, "<venv>"),
+             (tempfile.gettempdir(), "<tmp>"), (str(Path.home()), "~")]
+    if tmp:
+        pairs.insert(0, (tmp, "<tmp>"))
+    for old, new in pairs:
+        if len(old) > 1:
+            text = text.replace(old, new)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", default=",".join(JOBS), help=f"comma-separated subset of {', '.join(JOBS)}")
@@ -487,17 +724,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE / "results" / "profile-jobs"),
                    help="output stem: STEM.md and STEM.json (default benchmarks/results/profile-jobs)")
     p.add_argument("--from-json", metavar="FILE", help="only render STEM.md again from a JSON this script wrote")
+    p.add_argument("--no-peak", action="store_true", help="skip the matmul peak (no MFU columns)")
     p.add_argument("--child", nargs=2, metavar=("JOB", "SIDE"), help=argparse.SUPPRESS)
+    p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.top < 1 or args.keep < args.top:
         p.error("--steps and --top must be >= 1, --warmup >= 0, --keep >= --top")
+    if args.peak:
+        emit_result(peak_child())
+        return 0
     if args.child:
         emit_result(child(*args.child, steps=args.steps, warmup=args.warmup, keep=args.keep))
         return 0
     if args.from_json:
         with open(args.from_json, encoding="utf-8") as f:
             saved = json.load(f)
-        markdown = render(saved["jobs"], saved["meta"], args.top)
+        markdown = sanitise(render(saved["jobs"], saved["meta"], args.top))
         print(markdown)
         Path(args.out).with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
         return 0
@@ -512,7 +754,11 @@ def main(argv: list[str] | None = None) -> int:
     flags = cpu_flags()
     machine = machine_description()
     cmd_args = list(argv if argv is not None else sys.argv[1:])
-    meta = {"command": reproduce_command(__file__, cmd_args), "machine": machine, "cpu": cpu_model(), "flags": flags,
+    command = reproduce_command(__file__, cmd_args)
+    for var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "LD_PRELOAD"):
+        if os.environ.get(var):
+            command = f"{var}={os.environ[var]} {command}"
+    meta = {"command": command, "sides": sides, "machine": machine, "cpu": cpu_model(), "flags": flags,
             "isa": ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in flags.items()),
             "torch_capability": torch_capability(), "allocator": allocator(), "torch": torch.__version__,
             "transformers": machine["transformers"], "now_version": machine["lmforge"].split("(", 1)[-1].rstrip(")"),
@@ -523,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Allocator: {meta['allocator']}; torch threads 1 per child", file=sys.stderr)
     all_results: dict[str, dict[str, dict[str, Any]]] = {}
     wall = time.perf_counter()
+    peaks = {} if args.no_peak else {"start": measure_peak("at start")}
     with tempfile.TemporaryDirectory(prefix="lmforge-before-") as tmp:
         before_src = export_before(Path(tmp)) if "before" in sides else Path(tmp)
         for job in jobs:
@@ -540,18 +787,24 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 all_results[job][side] = r
                 top_op = r["ops"][0]
-                print(f"  {r['step_cpu_ms_median']:,.0f} ms CPU/step; top: {top_op['op']} {pct(top_op['share'])} "
-                      f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+                missing = f"; no formula: {', '.join(r['flops_uncounted_ops'])}" if r["flops_uncounted_ops"] else ""
+                print(f"  {r['step_ms_median']:,.0f} ms wall, {r['step_cpu_ms_median']:,.0f} ms CPU/step; "
+                      f"{r['flops'] / 1e9:,.2f} GFLOP/step; top: {top_op['op']} {pct(top_op['share'])} "
+                      f"({time.perf_counter() - start:.0f} s){missing}", file=sys.stderr, flush=True)
+    if not args.no_peak:  # the machine is shared: measure again and keep the better reading
+        peaks["end"] = measure_peak("at end")
+    meta["peak"] = {when: r for when, r in peaks.items() if r}
     meta["wall_s"] = round(time.perf_counter() - wall, 1)
     meta["load_end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    markdown = render(all_results, meta, args.top)
+    markdown = sanitise(render(all_results, meta, args.top), tmp)
     print(markdown)
     stem = Path(args.out)
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
-    with open(stem.with_suffix(".json"), "w", encoding="utf-8") as f:
-        json.dump({"meta": meta, "jobs": all_results}, f, indent=1)
-    print(f"wrote {stem.with_suffix('.md')} and {stem.with_suffix('.json')} ({meta['wall_s']:.0f} s)", file=sys.stderr)
+    stem.with_suffix(".json").write_text(sanitise(json.dumps({"meta": meta, "jobs": all_results}, indent=1), tmp)
+                                         + "\n", encoding="utf-8")
+    print(sanitise(f"wrote {stem.with_suffix('.md')} and {stem.with_suffix('.json')} ({meta['wall_s']:.0f} s)", tmp),
+          file=sys.stderr)
     return 0
 
 
