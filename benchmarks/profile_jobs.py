@@ -103,6 +103,10 @@ from common import (
 
 HERE = Path(__file__).resolve().parent
 BEFORE_COMMIT = "e0a7c89"  # "fuzz: pretrain with the electra and denoise objectives...", just before issue 22's work
+THREADS_ENV = "LMFORGE_PROFILE_THREADS"
+# glibc malloc told to reuse freed memory instead of returning it (the variables lmforge's training commands set with
+# mallopt in their own process): a side's large per-step tensors then stop faulting their pages in on every step
+GLIBC_TUNING = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
 SIDES = ("before", "now", "reference")
 SIDE_TITLES = {"before": f"lmforge before ({BEFORE_COMMIT})", "now": "lmforge now", "reference": "reference (HF)"}
 JOBS = {  # name -> title
@@ -266,7 +270,7 @@ def child(job: str, side: str, steps: int, warmup: int, keep: int) -> dict[str, 
 
     import lmforge
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads())
     logging.getLogger("transformers").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     source = Path(lmforge.__file__).resolve().parent.parent
@@ -382,7 +386,7 @@ def peak_child() -> dict[str, Any]:
 
     import bench_pretrain as bp
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads())
     return {"threads": torch.get_num_threads(),
             **{k: {"gflops": g, "n": n} for k, (g, n) in bp.matmul_peak().items()}}
 
@@ -489,7 +493,7 @@ def step_line(results: dict[str, dict[str, Any]]) -> str:
              for side in SIDES if side in results]
     ratios = [f"now vs {'before' if side == 'before' else 'the reference'} {r:.2f}x"
               for side, r in speedups(results).items()]
-    return ("Step time (unprofiled medians, one thread): " + "; ".join(parts)
+    return (f"Step time (unprofiled medians, {threads()} thread(s)): " + "; ".join(parts)
             + (f"; by CPU time {', '.join(ratios)} (above 1: lmforge now is faster)." if ratios else "."))
 
 
@@ -610,13 +614,15 @@ def render(all_results: dict[str, dict[str, dict[str, Any]]], meta: dict[str, An
     out += [f"- {k}: {v}" for k, v in meta["machine"].items()]
     out += [f"- Instruction set: {meta['isa']}; torch's CPU capability: {meta['torch_capability']}",
             f"- Allocator (every side, every child): {meta['allocator']}",
-            "- torch threads: 1 in every child (`torch.set_num_threads(1)`, `OMP_NUM_THREADS=1`), so the shares of "
-            "the sides are comparable on this shared machine"]
+            (f"- torch threads: {meta['threads']} in every child" if meta.get("threads", 1) != 1 else
+             "- torch threads: 1 in every child (`torch.set_num_threads(1)`, `OMP_NUM_THREADS=1`), so the shares of "
+             "the sides are comparable on this shared machine")]
     if meta.get("peak"):
         readings = "; ".join(f"at {when} fp32 {r['fp32']['gflops']:.1f} GFLOP/s (n = {r['fp32']['n']}), bf16 "
                              f"{r['bf16']['gflops']:.1f} GFLOP/s (n = {r['bf16']['n']})"
                              for when, r in meta["peak"].items() if "fp32" in r)
-        out += [f"- Matmul peak, one thread (`bench_pretrain.matmul_peak()` in a fresh one-thread process: best of "
+        out += [f"- Matmul peak, {meta.get('threads', 1)} thread(s) (`bench_pretrain.matmul_peak()` in a fresh "
+                "process with that many threads: best of "
                 f"repeated `F.linear` n^3 products): {readings}; MFU below uses the better fp32 reading, "
                 f"**{peak:.1f} GFLOP/s**"]
     out += [f"- Load average (1, 5, 15 min) at end: {meta.get('load_end', 'n/a')}; the whole run took "
@@ -681,8 +687,14 @@ def export_before(folder: Path) -> Path:
     return folder / "src"
 
 
+def threads() -> int:
+    """The torch threads of every child (``--threads``, passed down in ``THREADS_ENV``)."""
+    return int(os.environ.get(THREADS_ENV, "1"))
+
+
 def child_env(side: str, before_src: Path) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    n = str(threads())
+    env = dict(os.environ, OMP_NUM_THREADS=n, MKL_NUM_THREADS=n)
     env["PYTHONPATH"] = str(before_src if side == "before" else REPO_ROOT / "src")
     return env
 
@@ -725,6 +737,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="output stem: STEM.md and STEM.json (default benchmarks/results/profile-jobs)")
     p.add_argument("--from-json", metavar="FILE", help="only render STEM.md again from a JSON this script wrote")
     p.add_argument("--no-peak", action="store_true", help="skip the matmul peak (no MFU columns)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads in every child, and for the peak (default 1: comparable operator shares)")
+    p.add_argument("--tune-glibc", action="store_true",
+                   help=f"run every child with {' '.join(f'{k}={v}' for k, v in GLIBC_TUNING.items())} (glibc "
+                        "malloc reusing freed memory: both sides at the reference's best allocator settings)")
     p.add_argument("--child", nargs=2, metavar=("JOB", "SIDE"), help=argparse.SUPPRESS)
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -743,6 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown)
         Path(args.out).with_suffix(".md").write_text(markdown + "\n", encoding="utf-8")
         return 0
+    os.environ[THREADS_ENV] = str(args.threads)
+    if args.tune_glibc:
+        os.environ.update(GLIBC_TUNING)
     jobs = [j for j in args.jobs.split(",") if j]
     sides = [s for s in args.sides.split(",") if s]
     unknown = [j for j in jobs if j not in JOBS] + [s for s in sides if s not in SIDES]
@@ -755,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_description()
     cmd_args = list(argv if argv is not None else sys.argv[1:])
     command = reproduce_command(__file__, cmd_args)
-    for var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "LD_PRELOAD"):
+    for var in ("MKL_NUM_THREADS", "OMP_NUM_THREADS", "LD_PRELOAD", *(() if args.tune_glibc else GLIBC_TUNING)):
         if os.environ.get(var):
             command = f"{var}={os.environ[var]} {command}"
     meta = {"command": command, "sides": sides, "machine": machine, "cpu": cpu_model(), "flags": flags,
@@ -764,9 +784,9 @@ def main(argv: list[str] | None = None) -> int:
             "transformers": machine["transformers"], "now_version": machine["lmforge"].split("(", 1)[-1].rstrip(")"),
             "before_commit": BEFORE_COMMIT, "steps": args.steps,
             "bf16_native": " + ".join(k for k in ("AVX512_BF16", "AMX") if flags[k]),
-            "warmup": args.warmup, "keep": args.keep, "threads": 1}
+            "warmup": args.warmup, "keep": args.keep, "threads": args.threads}
     print(f"CPU: {meta['cpu']}; {meta['isa']}; torch capability {meta['torch_capability']}", file=sys.stderr)
-    print(f"Allocator: {meta['allocator']}; torch threads 1 per child", file=sys.stderr)
+    print(f"Allocator: {meta['allocator']}; torch threads {args.threads} per child", file=sys.stderr)
     all_results: dict[str, dict[str, dict[str, Any]]] = {}
     wall = time.perf_counter()
     peaks = {} if args.no_peak else {"start": measure_peak("at start")}
