@@ -226,3 +226,20 @@ def test_an_unsupported_model_is_refused_before_writing(tmp_path, capsys):
     assert main(["-q", "convert", "--to-onnx", str(folder), "--out", str(tmp_path / "out")]) != 0
     assert "exports Transformer encoders" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_fill_mask_on_the_onnx_encoder_equals_eager(tmp_path):
+    import lmforge
+    from lmforge.heads import TaskModel, build_head
+    from lmforge.persistence import load_backbone, save_pretrained
+
+    loaded = load_backbone(make_encoder_dir(tmp_path / "enc"))
+    torch.manual_seed(0)
+    model = TaskModel(loaded.model, build_head({"type": "mlm"}, loaded.config, loaded.model))  # tied un-embedding
+    folder = export(save_pretrained(model, tmp_path / "mlm", tokenizer=loaded.tokenizer), tmp_path / "mlm-onnx")
+    texts = ["alice went to [MASK] today", "bob [MASK] carol"]
+    want = lmforge.pipeline("fill-mask", model=folder)(texts)
+    got = lmforge.pipeline("fill-mask", model=folder, runtime="onnx")(texts)
+    for a, b in zip(want, got, strict=True):
+        assert [x["token_id"] for x in a] == [x["token_id"] for x in b]
+        assert max(abs(x["score"] - y["score"]) for x, y in zip(a, b, strict=True)) <= TOL
