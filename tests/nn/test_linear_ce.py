@@ -154,13 +154,11 @@ def test_the_correct_count_follows_argmax_on_ties(train):
     assert int(linear_cross_entropy(hidden, zero, labels)[1]) == 1  # only the row whose target is token 0
 
 
-def test_the_default_chunk_fits_the_cache_on_a_cpu_and_stays_within_bounds(monkeypatch):
+def test_the_default_chunk_on_a_cpu_is_deep_and_its_scores_stay_within_bounds():
     from lmforge.nn.kernels import linear_ce
 
-    assert linear_ce.last_level_cache_bytes() > 0  # read from the system, or the fallback
-    monkeypatch.setattr(linear_ce, "last_level_cache_bytes", lambda: 32 * 2**20)
-    assert linear_ce.auto_chunk_rows(8000, 192, "cpu") == linear_ce.CHUNK_ROWS  # small vocabulary: the cap
-    rows = linear_ce.auto_chunk_rows(50257, 192, "cpu")
-    assert rows * 50257 * 4 <= 32 * 2**20 and rows >= linear_ce.MIN_CHUNK_ROWS
-    assert linear_ce.auto_chunk_rows(50257, 768, "cpu") == 256  # wide states: the weight's traffic sets the floor
-    assert linear_ce.auto_chunk_rows(50257, 192, "cuda") == linear_ce.CHUNK_ROWS
+    assert linear_ce.auto_chunk_rows(8000, "cpu") == linear_ce.CPU_CHUNK_ROWS  # the cap
+    assert linear_ce.auto_chunk_rows(50257, "cpu") == linear_ce.CPU_CHUNK_ROWS  # GPT-2's vocabulary: 206 MB scores
+    rows = linear_ce.auto_chunk_rows(250_000, "cpu")  # a multilingual vocabulary: the scores' byte budget
+    assert rows * 250_000 * 4 <= linear_ce.CPU_SCORE_BYTES and rows >= linear_ce.MIN_CHUNK_ROWS and rows % 16 == 0
+    assert linear_ce.auto_chunk_rows(50257, "cuda") == linear_ce.CHUNK_ROWS

@@ -2,7 +2,6 @@
 (Patch module state, e.g. in a test, there: this one only holds references.)"""
 
 from lmforge.nn.kernels.linear_ce import (
-    CACHE_SHARE,
     CHUNK_ROWS,
     IGNORE,
     MIN_CHUNK_ROWS,
@@ -10,4 +9,4 @@ from lmforge.nn.kernels.linear_ce import (
     linear_cross_entropy,
 )
 
-__all__ = ["CACHE_SHARE", "CHUNK_ROWS", "IGNORE", "MIN_CHUNK_ROWS", "auto_chunk_rows", "linear_cross_entropy"]
+__all__ = ["CHUNK_ROWS", "IGNORE", "MIN_CHUNK_ROWS", "auto_chunk_rows", "linear_cross_entropy"]
