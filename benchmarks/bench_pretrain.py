@@ -20,7 +20,9 @@ alternating blocks of steps (the order flips every block) and the median block's
 FLOPs are the matmul FLOPs each side actually executes: 6 x (weights of every matmul, counted at the positions
 where it is applied) x tokens, plus the attention term 12 x layers x length x width per token (QK^T and AV,
 forward and backward); embedding look-ups, norms, activations and the optimizer count 0. The tied vocabulary
-matrix counts once per projected position: every position for Hugging Face, the masked ones for our MLM. MFU is
+matrix counts once per projected position: every position for Hugging Face, the masked ones for our MLM; our
+BERT's last layer counts its queries, output projection, feed-forward and attention at the positions it computes (the
+masked ones and [CLS], ``Encoder(read_rows=...)``), its keys and values at every position. MFU is
 achieved FLOP/s over the matmul peak this script measures at start and again at end (the better reading of each:
 best of repeated 2048^3 ``F.linear`` products, same thread count, fp32 or bf16).
 
@@ -186,13 +188,17 @@ def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights once
 
 
-def step_flops(cfg: ModelConfig, kind: str, batch: int, projected: int) -> float:
+def step_flops(cfg: ModelConfig, kind: str, batch: int, projected: int, last_rows: int | None = None) -> float:
     """Executed matmul FLOPs of one training step (see the module docstring); ``projected`` = positions that go
-    through the vocabulary projection."""
+    through the vocabulary projection; ``last_rows``: positions the last layer computes (its queries, output
+    projection and feed-forward; keys and values at every position), None = every position."""
     D, F, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.vocab_size
     tokens = batch * LENGTH
     assert F is not None
-    body = 6 * L * (4 * D * D + 2 * D * F) * tokens + 12 * L * LENGTH * D * tokens
+    rows = tokens if last_rows is None else last_rows
+    per_position = 6 * (4 * D * D + 2 * D * F) + 12 * LENGTH * D  # one layer's weights and attention, one position
+    body = (L - 1) * per_position * tokens + 6 * (2 * D * D) * tokens \
+        + (6 * (2 * D * D + 2 * D * F) + 12 * LENGTH * D) * rows
     if kind == "bert":  # MLM transform (D x D) and projection at `projected` positions; pooler and NSP per row
         head = 6 * (D * D + V * D) * projected + 6 * (D * D + 2 * D) * batch
     else:
@@ -312,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = our_config(shape)
         batch = (bert_batch if shape.kind == "bert" else gpt_batch)(shape.batch, shape.vocab)
         if shape.kind == "bert":
-            predicted = int((batch["mlm_labels"] != -100).sum())
-            flops = {"lmforge": step_flops(cfg, "bert", shape.batch, predicted),
+            read = batch["mlm_labels"] != -100
+            predicted = int(read.sum())
+            read[:, 0] = True  # the last layer computes the masked positions and [CLS] (NSP)
+            flops = {"lmforge": step_flops(cfg, "bert", shape.batch, predicted, int(read.sum())),
                      "HF": step_flops(cfg, "bert", shape.batch, shape.batch * LENGTH)}
         else:
             predicted = int((batch["labels"] != -100).sum())  # HF: B x (T - 1) after its internal shift

@@ -17,6 +17,7 @@ FAMILY_FILES = ("awd_lstm", "decoder", "elmo", "encoder", "rnn_encoder", "rnn_se
 
 OLD_HOMES = {
     "EncoderOutput": ("encoder", "rnn_encoder", "awd_lstm"),
+    "EncoderRowsOutput": ("encoder",),
     "DecoderOutput": ("decoder",),
     "DecodeOutput": ("seq2seq",),
     "Seq2SeqOutput": ("seq2seq",),

@@ -35,6 +35,8 @@ class TaskModel(PretrainedMixin, nn.Module):
         self._takes_segments = "token_type_ids" in parameters  # a GPT has none
         # a head that reads only the pooled output lets an encoder compute the last layer at [CLS] alone
         self._pooled_only = getattr(head, "reads_pooled_only", False) and "pooled_only" in parameters
+        # a head that names the positions it reads (``rows_read``) lets an encoder compute its last layer there alone
+        self._reads_rows = callable(getattr(head, "rows_read", None)) and "read_rows" in parameters
         config = getattr(backbone, "config", None)
         # a GPT (the gpt_inputs capability): its vocabulary projection runs only for the auxiliary LM loss
         self._optional_logits = config is not None and architecture(config.arch).gpt_inputs
@@ -52,14 +54,25 @@ class TaskModel(PretrainedMixin, nn.Module):
         return as_module(load_folder(path, with_head=True, build=build_model), path, expect=cls)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, return_lm_loss: bool = False, **head_inputs: Any) -> Any:
+                token_type_ids: Tensor | None = None, *, return_lm_loss: bool = False, rows_only: bool = False,
+                **head_inputs: Any) -> Any:
         """The head's output; with ``return_lm_loss`` (a language-model backbone, GPT-1's auxiliary objective)
-        ``(head output, (sum, count))`` of the next-token cross-entropy over the real tokens of ``input_ids``."""
+        ``(head output, (sum, count))`` of the next-token cross-entropy over the real tokens of ``input_ids``.
+
+        ``rows_only``: the caller reads nothing but the head's outputs (not its ``token_states``): a head that names
+        the positions it reads for these inputs (``head.rows_read(**head_inputs)``, e.g. the MLM heads: the masked
+        positions, and [CLS] for NSP) has an encoder compute its last layer at those rows alone
+        (``Encoder.forward(read_rows=...)``); the same outputs, up to float rounding. Ignored by other heads and
+        backbones."""
         inputs: dict[str, Any] = {"attention_mask": attention_mask}
         if token_type_ids is not None and self._takes_segments:
             inputs["token_type_ids"] = token_type_ids
         if self._pooled_only and not return_lm_loss:
             inputs["pooled_only"] = True
+        if rows_only and self._reads_rows and not return_lm_loss:
+            read_rows = self.head.rows_read(**head_inputs)  # (B, T) bool or None
+            if read_rows is not None:
+                inputs["read_rows"] = read_rows
         # the auxiliary LM loss straight from the final states when the backbone exposes its output projection
         # (lmforge.nn.kernels.linear_ce: the (B, T, V) logits are never held); else from the backbone's logits
         weight = getattr(self.backbone, "output_weight", None) if return_lm_loss else None

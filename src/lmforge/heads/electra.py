@@ -227,9 +227,10 @@ class ElectraPreTrainingHeads(nn.Module):
             ElectraOutput(rtd_logits (B, T), mlm_logits (N, V), replaced (B, T) bool, corrupted_ids (B, T)).
         """
         selected = mlm_labels != IGNORE  # (B, T) the masked positions
-        hidden = self.generator(input_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state  # (B, T, D_g)
-        mlm_logits = self.mlm(hidden[selected])  # (N, V)
+        # only the masked positions are read: the generator's last layer computes them alone (Encoder read_rows)
+        hidden = self.generator(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                read_rows=selected).last_hidden_state  # (N, D_g), row-major order of the mask
+        mlm_logits = self.mlm(hidden)  # (N, V)
         sampled = sample_replacements(mlm_logits)  # (N,) no gradient: a discrete draw
         original = torch.where(selected, mlm_labels, input_ids)  # (B, T) the uncorrupted text
         corrupted = original.masked_scatter(selected, sampled)  # (B, T) samples in row-major order of the mask

@@ -30,6 +30,7 @@ __all__ = [
     "PreTrainingOutput",
     "build_pretraining_head",
     "gather_positions",
+    "read_positions",
 ]
 
 
@@ -43,7 +44,8 @@ class PreTrainingOutput(NamedTuple):
             (``sbo_left >= 0``: all of them, except the pieces of a long span past the position table), in the
             order of ``masked_positions`` (SpanBERT).
         token_states: the backbone's final token states (B, T, D) the logits were computed from, for diagnostics
-            (``lmforge.objectives.masked_lm``: their mean cosine, the anisotropy of a collapsed encoder).
+            (``lmforge.objectives.masked_lm``: their mean cosine, the anisotropy of a collapsed encoder); None when
+            the backbone computed some rows only (``EncoderRowsOutput.read_rows``).
     """
 
     mlm_logits: Tensor
@@ -185,14 +187,28 @@ class BertPreTrainingHeads(nn.Module):
             masked_positions: optional; either an (N, 2) integer tensor of (batch, position) pairs or a (B, T)
                 bool mask. Only those hidden states go through the (expensive) vocabulary projection.
 
+        With an output of some rows only (``EncoderRowsOutput.read_rows``, see ``rows_read``) the masked positions are
+        picked among them.
+
         Returns:
             PreTrainingOutput(mlm_logits (B, T, V) or (N, V), nsp_logits (B, 2)).
         """
-        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        hidden = encoder_output.last_hidden_state  # (B, T, D), or (R, D) rows
         if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)  # (N, D)
+            hidden = read_positions(encoder_output, masked_positions)  # (N, D)
         return PreTrainingOutput(self.mlm(hidden), self.nsp(encoder_output.pooled_output),
-                                 token_states=encoder_output.last_hidden_state)
+                                 token_states=_token_states(encoder_output))
+
+    @staticmethod
+    def rows_read(masked_positions: Tensor | None = None, **_: Any) -> Tensor | None:
+        """(B, T) bool, the positions ``forward`` reads for these inputs: the masked ones and [CLS] (the pooled
+        output); None without ``masked_positions`` (every position is read). ``TaskModel`` hands it to the encoder
+        as ``read_rows`` (``TaskModel.forward(rows_only=True)``)."""
+        if masked_positions is None or masked_positions.dtype != torch.bool:
+            return None
+        rows = masked_positions.clone()
+        rows[:, 0] = True
+        return rows
 
 
 def build_pretraining_head(config: ModelConfig, backbone: nn.Module) -> BertPreTrainingHeads:
@@ -236,6 +252,41 @@ def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
     return hidden[positions[:, 0], positions[:, 1]]  # (N, D)
 
 
+def read_positions(encoder_output: Any, positions: Tensor) -> Tensor:
+    """The final states at ``positions`` ((N, 2) pairs or a (B, T) bool mask, as ``gather_positions``): gathered
+    from ``last_hidden_state`` (B, T, D), or picked among its (R, D) rows when the encoder computed only the rows of
+    ``encoder_output.read_rows`` (each position must be one of them).
+
+    Returns:
+        (N, D), in the order of ``positions``.
+    """
+    hidden = encoder_output.last_hidden_state
+    read = getattr(encoder_output, "read_rows", None)
+    if read is None:
+        return gather_positions(hidden, positions)
+    B, T = read.shape
+    if positions.dtype == torch.bool:
+        if tuple(positions.shape) != (B, T):
+            raise LmforgeError(f"a bool masked_positions mask must be (batch={B}, length={T}); got "
+                               f"{tuple(positions.shape)}")
+        if positions is read:
+            return hidden  # (R, D) every row
+        flat = positions.reshape(-1).nonzero().squeeze(1)  # (N,)
+    else:
+        gather_positions(read[..., None], positions)  # checks the pairs
+        flat = positions[:, 0] * T + positions[:, 1]  # (N,)
+    read_flat = read.reshape(-1)
+    if flat.numel() and not bool(read_flat.index_select(0, flat).all()):
+        raise LmforgeError("a position to read is not among the rows the encoder computed (read_rows)")
+    rank = read_flat.cumsum(0) - 1  # (B*T,) each read position's row
+    return hidden.index_select(0, rank.index_select(0, flat))  # (N, D)
+
+
+def _token_states(encoder_output: Any) -> Tensor | None:
+    """The final states for diagnostics, or None when the encoder computed some rows only."""
+    return None if getattr(encoder_output, "read_rows", None) is not None else encoder_output.last_hidden_state
+
+
 def _check_tied(config: ModelConfig, embedding_weight: nn.Parameter, who: str, untied_ok: bool = False) -> None:
     if not config.tie_embeddings and not untied_ok:
         raise LmforgeError(f"{who} ties the un-embedding to the token embedding; tie_embeddings=False is not "
@@ -264,10 +315,15 @@ class MaskedLMHeads(nn.Module):
         self.mlm = _mlm_head(config, embedding_weight)
 
     def forward(self, encoder_output: Any, masked_positions: Tensor | None = None) -> PreTrainingOutput:
-        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        hidden = encoder_output.last_hidden_state  # (B, T, D), or (R, D) rows
         if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)  # (N, D)
-        return PreTrainingOutput(self.mlm(hidden), token_states=encoder_output.last_hidden_state)
+            hidden = read_positions(encoder_output, masked_positions)  # (N, D)
+        return PreTrainingOutput(self.mlm(hidden), token_states=_token_states(encoder_output))
+
+    @staticmethod
+    def rows_read(masked_positions: Tensor | None = None, **_: Any) -> Tensor | None:
+        """(B, T) bool, the positions ``forward`` reads: the masked ones (see ``BertPreTrainingHeads.rows_read``)."""
+        return masked_positions if masked_positions is not None and masked_positions.dtype == torch.bool else None
 
 
 class SpanBoundaryHead(nn.Module):
@@ -322,11 +378,15 @@ class SpanBoundaryHead(nn.Module):
         Returns:
             (N, V) logits.
         """
+        return self.from_boundaries(hidden[rows, left], hidden[rows, right], offset)
+
+    def from_boundaries(self, left: Tensor, right: Tensor, offset: Tensor) -> Tensor:
+        """``forward`` from the boundary tokens' states: ``left``, ``right`` (N, D), ``offset`` (N,); (N, V)."""
         if offset.numel() and int(offset.max()) >= self.max_span_len:
             raise LmforgeError(f"a span offset of {int(offset.max())} exceeds max_span_len={self.max_span_len} "
                                "(the rows of the SBO's position table); give such tokens sbo_left=-1 (no SBO "
                                "target), as lmforge.data.masking does")
-        x = torch.cat([hidden[rows, left], hidden[rows, right], self.position(offset)], dim=-1)  # (N, 3D)
+        x = torch.cat([left, right, self.position(offset)], dim=-1)  # (N, 3D)
         h = self.norm1(F.gelu(self.fc1(x)))  # (N, D)
         y = self.norm2(F.gelu(self.fc2(h)))  # (N, E)
         return tied_linear(y, self.weight, self.bias)  # (N, V)
@@ -358,19 +418,37 @@ class SpanBertHeads(nn.Module):
             PreTrainingOutput(mlm_logits (N, V), None, sbo_logits (N_sbo, V)), N_sbo = masked tokens with
             ``sbo_left >= 0``.
         """
-        hidden = encoder_output.last_hidden_state  # (B, T, D)
+        hidden = encoder_output.last_hidden_state  # (B, T, D), or (R, D) rows
         if masked_positions is None:
             return PreTrainingOutput(self.mlm(hidden))
         if masked_positions.dtype != torch.bool:
             raise LmforgeError("SpanBertHeads needs masked_positions as a (B, T) bool mask")
-        mlm_logits = self.mlm(gather_positions(hidden, masked_positions))  # (N, V)
+        mlm_logits = self.mlm(read_positions(encoder_output, masked_positions))  # (N, V)
+        states = _token_states(encoder_output)
         if sbo_left is None or sbo_right is None or sbo_offset is None:
-            return PreTrainingOutput(mlm_logits, token_states=hidden)
+            return PreTrainingOutput(mlm_logits, token_states=states)
         sbo_mask = masked_positions & (sbo_left >= 0)  # (B, T) the tokens with an SBO target
         rows = sbo_mask.nonzero()[:, 0]  # (N_sbo,) row-major, the order of hidden[mask]
-        sbo_logits = self.sbo(hidden, rows, sbo_left[sbo_mask], sbo_right[sbo_mask],
-                              sbo_offset[sbo_mask])  # (N_sbo, V)
-        return PreTrainingOutput(mlm_logits, None, sbo_logits, token_states=hidden)
+        left, right = sbo_left[sbo_mask], sbo_right[sbo_mask]  # (N_sbo,)
+        sbo_logits = self.sbo.from_boundaries(read_positions(encoder_output, torch.stack([rows, left], 1)),
+                                              read_positions(encoder_output, torch.stack([rows, right], 1)),
+                                              sbo_offset[sbo_mask])  # (N_sbo, V)
+        return PreTrainingOutput(mlm_logits, None, sbo_logits, token_states=states)
+
+    @staticmethod
+    def rows_read(masked_positions: Tensor | None = None, sbo_left: Tensor | None = None,
+                  sbo_right: Tensor | None = None, **_: Any) -> Tensor | None:
+        """(B, T) bool, the positions ``forward`` reads: the masked ones and the boundaries of the spans with an
+        SBO target (see ``BertPreTrainingHeads.rows_read``)."""
+        if masked_positions is None or masked_positions.dtype != torch.bool:
+            return None
+        rows = masked_positions.clone()
+        if sbo_left is not None and sbo_right is not None:
+            sbo_mask = masked_positions & (sbo_left >= 0)  # (B, T)
+            batch = sbo_mask.nonzero()[:, 0]  # (N_sbo,)
+            rows[batch, sbo_left[sbo_mask]] = True
+            rows[batch, sbo_right[sbo_mask]] = True
+        return rows
 
 
 def _embedding_of(backbone: nn.Module) -> nn.Parameter:

@@ -28,19 +28,20 @@ from torch import Tensor, nn
 from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
-from lmforge.models.outputs import EncoderOutput
+from lmforge.models.outputs import EncoderOutput, EncoderRowsOutput
 from lmforge.nn.capture import exporting
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.kernels.packed_dropout import Dropout
-from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kernels.tied_embedding import embed_tokens
 from lmforge.nn.layers import EncoderLayer
 from lmforge.nn.masks import key_padding_mask
 from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositional, build_positional
 from lmforge.nn.stack import run_layers
 
-__all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "Pooler", "build_encoder_layers", "init_bert_weights"]
+__all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "EncoderRowsOutput", "Pooler", "build_encoder_layers",
+           "init_bert_weights"]
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:
@@ -215,7 +216,8 @@ class Encoder(PretrainedMixin, nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool | Sequence[int] = False,
         pooled_only: bool = False,
-    ) -> EncoderOutput:
+        read_rows: Tensor | None = None,
+    ) -> EncoderOutput | EncoderRowsOutput:
         """Encode a batch of token sequences.
 
         Args:
@@ -231,10 +233,18 @@ class Encoder(PretrainedMixin, nn.Module):
                 computes the first position alone (its query still attends to every position), and
                 ``last_hidden_state`` is that position, (B, 1, D). The pooled output is the full pass's. Ignored
                 with hidden states or attention weights asked for, or rotary positions.
+            read_rows: (B, T) bool, the only positions the caller reads after the encoder (an MLM's masked positions,
+                and position 0 for the pooled output); each must be a real token. The last layer then computes
+                those rows alone (``lmforge.nn.kernels.packing.ReadRows``: their queries attend to every position,
+                exact), and the output is an ``EncoderRowsOutput``: ``last_hidden_state`` (R, D), the rows in
+                row-major order (``hidden[read_rows]``), and ``read_rows`` this mask; ``pooled_output`` is computed
+                when every sequence reads position 0, else None. With hidden states or attention weights asked
+                for, every position is computed and the rows are picked from it (the same result). Takes
+                precedence over ``pooled_only``.
 
         Returns:
             EncoderOutput(last_hidden_state (B, T, D) (or (B, 1, D), see ``pooled_only``), pooled_output (B, D),
-            hidden_states, attentions).
+            hidden_states, attentions); with ``read_rows`` an ``EncoderRowsOutput``.
 
         Raises:
             LmforgeError: bad input (shape, dtype, an id outside its vocabulary, a sequence longer than
@@ -248,17 +258,37 @@ class Encoder(PretrainedMixin, nn.Module):
         # unpadded unless attention weights are asked for (looking inside: every query row as the model computes it)
         packing = Packing.decide(key_mask, enabled=self.unpad and not attentions)
         # only [CLS] is read after the last layer: it computes that position alone
-        first_only = (pooled_only and not output_hidden_states and not attentions
+        first_only = (pooled_only and read_rows is None and not output_hidden_states and not attentions
                       and self.config.positional != "rotary")
+        rows = None
+        if read_rows is not None:
+            self._check_read_rows(read_rows, key_mask, input_ids.shape)
+            if not output_hidden_states and not attentions:  # only these rows are read after the last layer
+                rows = ReadRows.build(read_rows, packing)
         # the layers run on the real tokens only under a packing (lmforge.nn.kernels.packing); the final norm is an
         # Identity in post-LN mode
         out = run_layers(self.layers, x, final_norm=self.final_norm, packing=packing, weights_of=wanted,
                          hidden_states=output_hidden_states, attentions=attentions,
-                         alone="first_only" if first_only else None, attention_mask=key_mask)
-        x = out.hidden  # (B, T, D), or (B, 1, D) with first_only
-        hidden_states = out.hidden_states
-        pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
-        return EncoderOutput(x, pooled, hidden_states, out.attentions)
+                         alone="first_only" if first_only else None, rows=rows, attention_mask=key_mask)
+        x = out.hidden  # (B, T, D), (B, 1, D) with first_only, or (R, D) with rows
+        if read_rows is None:
+            pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, D); DistilBERT: the raw h_[CLS]
+            return EncoderOutput(x, pooled, out.hidden_states, out.attentions)
+        x = x if rows is not None else x[read_rows]  # (R, D)
+        pooled = None
+        if bool(read_rows[:, 0].all()):  # each sequence's position 0 is its first row
+            counts = read_rows.sum(1)  # (B,)
+            first = x.index_select(0, counts.cumsum(0) - counts)[:, None]  # (B, 1, D)
+            pooled = self.pooler(first) if self.pooler is not None else first[:, 0]  # (B, D)
+        return EncoderRowsOutput(x, pooled, out.hidden_states, out.attentions, read_rows)
+
+    @staticmethod
+    def _check_read_rows(read_rows: Tensor, key_mask: Tensor | None, shape: torch.Size) -> None:
+        if read_rows.dtype != torch.bool or read_rows.shape != shape:
+            raise LmforgeError(f"read_rows must be a (batch, length) = {tuple(shape)} bool mask; got "
+                               f"{tuple(read_rows.shape)} {read_rows.dtype}")
+        if key_mask is not None and bool((read_rows & ~key_mask).any()):
+            raise LmforgeError("read_rows marks a padded position; only real tokens can be read")
 
     # ------------------------------------------------------------------ input checks
     def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,

@@ -24,6 +24,7 @@ __all__ = [
     "DecodeOutput",
     "DecoderOutput",
     "EncoderOutput",
+    "EncoderRowsOutput",
     "ForwardLMOutput",
     "LSTMState",
     "RNNSeq2SeqOutput",
@@ -52,6 +53,23 @@ class EncoderOutput(NamedTuple):
     pooled_output: Tensor
     hidden_states: tuple[Tensor, ...] | None = None
     attentions: tuple[Tensor | None, ...] | None = None
+
+
+class EncoderRowsOutput(NamedTuple):
+    """What ``Encoder.forward(read_rows=...)`` returns: ``EncoderOutput``'s fields at some rows only.
+
+    Attributes:
+        last_hidden_state: (R, D) the rows of ``read_rows`` in row-major order (``hidden[read_rows]``).
+        pooled_output: (B, D) when every sequence reads position 0, else None.
+        hidden_states, attentions: as ``EncoderOutput``'s (every position is then computed).
+        read_rows: (B, T) bool, the rows asked for.
+    """
+
+    last_hidden_state: Tensor
+    pooled_output: Tensor | None
+    hidden_states: tuple[Tensor, ...] | None
+    attentions: tuple[Tensor | None, ...] | None
+    read_rows: Tensor
 
 
 class SourceEncoderOutput(NamedTuple):

@@ -24,7 +24,7 @@ from lmforge.nn.capture import capturing, exporting
 from lmforge.nn.generic_attention import Attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
 from lmforge.nn.kernels.packed_dropout import dropout, uses_packed_masks
-from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask
 from lmforge.nn.reinforce import RewardBaseline, SampledAlignments, reinforce_loss
@@ -368,6 +368,36 @@ class MultiHeadAttention(nn.Module):
             out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, False, scale)  # (B, H, T, Dh)
         out = packing.pack(out.transpose(1, 2))  # (N, H, Dh): the real queries only
         return AttentionOutput(self.out_proj(out.reshape(packing.tokens, self.d_model)), weights, None)
+
+    def attend_rows(self, h: Tensor, rows: ReadRows, *, attention_mask: Tensor | None = None,
+                    packing: Packing | None = None) -> Tensor:
+        """Self-attention output at the rows of ``rows`` alone: their queries attend to every position's keys and
+        values, as in ``forward`` (an encoder's last layer read only at those rows).
+
+        Args:
+            h: (B, T, D) the attention input at every position, or its packed (N, D) rows under ``packing``.
+            rows: the rows to compute (``ReadRows.build`` with the same ``packing``).
+            attention_mask: (B, T) 1 = real key (without ``packing``; under it the packing's mask).
+            packing: ``h`` is packed: keys and values are projected on the real tokens only.
+
+        Returns:
+            (R, D) the output projection at the rows, in ``rows``' order.
+        """
+        R = rows.rows
+        q = self.q_proj(rows.take(h)).view(R, self.n_heads, self.d_head)  # (R, H, Dh)
+        k, v = self.k_proj(h), self.v_proj(h)  # (B, T, D) or (N, D)
+        if packing is not None:
+            k, v, attention_mask = packing.unpack(k), packing.unpack(v), packing.key_mask  # (B, T, D)
+        k, v = self._split_heads(k), self._split_heads(v)  # (B, H, T, Dh)
+        if self.rotary is not None:  # each query at its own position
+            q = self.rotary(q.transpose(0, 1), positions=rows.positions).transpose(0, 1)  # (R, H, Dh)
+            k = self.rotary(k, 0)
+        q = rows.to_slots(q).transpose(1, 2)  # (B, H, M, Dh), zeros in the unused slots
+        mask = None if attention_mask is None else padding_to_key_mask(attention_mask)  # (B, 1, 1, T)
+        dropout_p = self.dropout if self.training else 0.0
+        out = KERNELS[self.kernel_name](q, k, v, mask, dropout_p, False, self.d_head**-0.5)  # (B, H, M, Dh)
+        out = rows.from_slots(out.transpose(1, 2))  # (R, H, Dh)
+        return self.out_proj(out.reshape(R, self.d_model))  # (R, D)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_kv={self.d_kv}, dropout={self.dropout}, "

@@ -20,7 +20,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.attention import MultiHeadAttention
 from lmforge.nn.feedforward import FeedForward
 from lmforge.nn.kernels.packed_dropout import Dropout
-from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kv_cache import KVCache
 
 __all__ = ["DecoderLayer", "EncoderLayer", "LayerCache", "LayerOutput", "StackCache"]
@@ -192,7 +192,7 @@ class EncoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, *, attention_mask: Tensor | None = None, need_weights: bool = False,
-        packing: Packing | None = None, first_only: bool = False,
+        packing: Packing | None = None, first_only: bool = False, rows: ReadRows | None = None,
     ) -> LayerOutput:
         """
         Args:
@@ -204,14 +204,26 @@ class EncoderLayer(nn.Module):
             first_only: compute the output at the first position only ((B, T, D) input, no packing): its query
                 attends to every position's keys and values as in the full layer, and nothing else is computed
                 for the other positions (a last layer read only through [CLS]).
+            rows: compute the output at these rows only (``ReadRows``, built with the same ``packing``), e.g. the
+                masked positions of an MLM: their queries attend to every position's keys and values as in the
+                full layer, and nothing else is computed for the other positions. No weights.
 
         Returns:
-            LayerOutput(hidden (B, T, D), (N, D), or (B, 1, D) with ``first_only``; self_attn_weights
-            (B, H, T, T) or None).
+            LayerOutput(hidden (B, T, D), (N, D), (B, 1, D) with ``first_only``, or (R, D) with ``rows``;
+            self_attn_weights (B, H, T, T) or None).
         """
         post = not self.norm_first
 
         h = x if post else self.self_attn_norm(x)
+        if rows is not None:  # keys and values from every position, queries and the rest at the rows only
+            if need_weights or first_only:
+                raise LmforgeError("rows takes neither attention weights nor first_only")
+            out = self.self_attn.attend_rows(h, rows, attention_mask=attention_mask, packing=packing)  # (R, D)
+            x = rows.take(x) + self.dropout(out)  # (R, D)
+            x = self.self_attn_norm(x) if post else x
+            h = x if post else self.ffn_norm(x)
+            x = x + self.dropout(self.ffn(h))  # (R, D)
+            return LayerOutput(self.ffn_norm(x) if post else x)
         if first_only:  # keys and values from every position (the module's own projections), the query from one
             if packing is not None or need_weights or x.dim() != 3 or self.self_attn.rotary is not None:
                 raise LmforgeError("first_only takes a (batch, length, d_model) input, without packing, weights or "

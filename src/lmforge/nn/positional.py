@@ -169,12 +169,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.cos(angle).float(), persistent=False)  # (L, Dh/2)
         self.register_buffer("sin", torch.sin(angle).float(), persistent=False)  # (L, Dh/2)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Rotate queries or keys by their positions ``offset .. offset + T - 1``.
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Rotate queries or keys by their positions ``offset .. offset + T - 1``, or by ``positions``.
 
         Args:
             x: (B, H, T, Dh) (any leading dims) projected queries or keys.
             offset: position of the first of the T rows (the KV-cache length when decoding).
+            positions: (T,) int64 the position of each row instead (the rows an encoder's last layer computes
+                alone, ``lmforge.nn.kernels.packing.ReadRows``); each must be below max_len.
 
         Returns:
             Tensor of the same shape and dtype.
@@ -182,9 +184,13 @@ class RotaryEmbedding(nn.Module):
         T, d = x.shape[-2], x.shape[-1]
         if d != self.d_head:
             raise LmforgeError(f"RotaryEmbedding was built for d_head={self.d_head} but got vectors of width {d}")
-        _check_span(offset, T, self.max_len, "RotaryEmbedding")
-        cos = self.cos[offset : offset + T].to(x.dtype)  # (T, Dh/2)
-        sin = self.sin[offset : offset + T].to(x.dtype)  # (T, Dh/2)
+        if positions is not None:
+            cos = self.cos.index_select(0, positions).to(x.dtype)  # (T, Dh/2)
+            sin = self.sin.index_select(0, positions).to(x.dtype)  # (T, Dh/2)
+        else:
+            _check_span(offset, T, self.max_len, "RotaryEmbedding")
+            cos = self.cos[offset : offset + T].to(x.dtype)  # (T, Dh/2)
+            sin = self.sin[offset : offset + T].to(x.dtype)  # (T, Dh/2)
         x1, x2 = x[..., : d // 2], x[..., d // 2 :]  # (B, H, T, Dh/2) each
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, H, T, Dh)
 

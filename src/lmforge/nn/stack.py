@@ -15,7 +15,9 @@ each had their own copy of this loop. What they share, as options of ``run_layer
 - a key/value cache: layer i reads and extends ``cache.layers[i]`` (``lmforge.nn.StackCache``);
 - one position out of the last layer (``alone``): when only [CLS] (an encoder's ``first_only``) or the last
   position (a decoder's ``last_only``) is read after the stack, the last layer computes that position alone,
-  attending to every position's keys and values as the full layer would.
+  attending to every position's keys and values as the full layer would;
+- some rows out of the last layer (``rows``, ``EncoderLayer`` stacks): when only those (batch, position) rows are
+  read after the stack (an MLM's masked positions and [CLS]), the last layer computes them alone, the same way.
 
 Layer sharing (ALBERT, Lan et al. 2020) needs nothing here: a shared layer is one module at several indices of
 ``layers``, run once per index. (No model checkpoints its layers' activations, so neither does the loop.)
@@ -29,7 +31,7 @@ from typing import Any, NamedTuple
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.kernels.packing import Packing
+from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.layers import StackCache
 
 __all__ = ["StackOutput", "run_layers"]
@@ -39,7 +41,8 @@ class StackOutput(NamedTuple):
     """What ``run_layers`` returns.
 
     Attributes:
-        hidden: (B, T, D) the last layer's output after ``final_norm``, unpacked; (B, 1, D) with ``alone``.
+        hidden: (B, T, D) the last layer's output after ``final_norm``, unpacked; (B, 1, D) with ``alone``;
+            (R, D) with ``rows``.
         hidden_states: with ``hidden_states=True``, L + 1 tensors (B, T, D): the input, then each layer's output,
             the last one replaced by ``hidden``; else None.
         attentions: with ``attentions=True``, L entries: (B, H, T, S) self-attention weights for the layers in
@@ -66,6 +69,7 @@ def run_layers(
     attentions: bool = False,
     cross_attentions: bool = False,
     alone: str | None = None,
+    rows: ReadRows | None = None,
     **inputs: Any,
 ) -> StackOutput:
     """Run ``x`` through ``layers`` in turn, then ``final_norm``.
@@ -83,12 +87,18 @@ def run_layers(
         cross_attentions: collect each layer's cross-attention weights.
         alone: the keyword that makes the last layer compute one position ("first_only" for ``EncoderLayer``,
             "last_only" for ``DecoderLayer``); None: the whole sequence. Not with hidden states, weights or a cache.
+        rows: the rows the last layer computes (``ReadRows``, built with ``packing``); the output is then (R, D),
+            after ``final_norm``, never unpacked. Not with hidden states, weights, a cache or ``alone``.
         **inputs: passed to every layer as they are (``attention_mask``; a decoder's ``memory``, ``memory_mask``,
             ``causal``).
 
     Returns:
-        StackOutput(hidden (B, T, D) or (B, 1, D), hidden_states, attentions, cross_attentions).
+        StackOutput(hidden (B, T, D), (B, 1, D) or (R, D), hidden_states, attentions, cross_attentions).
     """
+    if rows is not None and (alone is not None or hidden_states or attentions or cross_attentions
+                             or cache is not None):
+        raise LmforgeError("rows (some rows out of the last layer) cannot be combined with one position (alone), "
+                           "hidden states, attention weights or a cache")
     if alone is not None and (hidden_states or attentions or cross_attentions or cache is not None):
         raise LmforgeError(f"{alone} (one position out of the last layer) cannot be combined with hidden states, "
                            "attention weights or a cache")
@@ -104,6 +114,10 @@ def run_layers(
                 x, packing = packing.unpack(x), None  # (B, T, D): keys and values at every position
             x = layer(x, **inputs, **{alone: True}).hidden  # (B, 1, D)
             break
+        if rows is not None and i == last:  # only these rows are read after the last layer
+            x = layer(x, rows=rows, packing=packing, **inputs).hidden  # (R, D)
+            x = x if final_norm is None else final_norm(x)
+            return StackOutput(x)
         kwargs = inputs
         if packing is not None or cache is not None:
             kwargs = dict(inputs)

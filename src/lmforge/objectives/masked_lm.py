@@ -14,6 +14,8 @@ the NSP (or SOP) loss the mean over sequences, the SBO loss the mean over span t
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -62,6 +64,16 @@ def token_cosine(states: Tensor, attention_mask: Tensor | None) -> tuple[Tensor,
         return total, n * (n - 1)
 
 
+def _takes_rows_only(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module a DDP / FSDP / compile wrapper holds) takes ``rows_only`` (``TaskModel``)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return "rows_only" in inspect.signature(model.forward).parameters
+
+
 class MaskedLMObjective:
     """MLM, optionally with next-sentence prediction (BERT) or the span boundary objective (SpanBERT).
 
@@ -71,15 +83,19 @@ class MaskedLMObjective:
         pair_task: what the pair labels mean, the name of the loss term and metric: ``"nsp"`` (BERT: is B the next
             segment) or ``"sop"`` (ALBERT: are the two segments in order); the same two-way classifier reads the
             pooled output either way.
+        rows_only: in training, have the model compute its last layer at the positions the head reads alone
+            (``TaskModel.forward(rows_only=True)``: exact, fewer FLOPs); training records then have no
+            ``token_cosine`` (evaluation computes every position and keeps it). False: every position always.
     """
 
     # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
     predicted_tokens_term = "mlm"
 
-    def __init__(self, nsp: bool = False, sbo: bool = False, pair_task: str = "nsp") -> None:
+    def __init__(self, nsp: bool = False, sbo: bool = False, pair_task: str = "nsp", rows_only: bool = True) -> None:
         self.nsp = nsp
         self.sbo = sbo
         self.pair = pair_task
+        self.rows_only = rows_only
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         n = int((batch["mlm_labels"] != IGNORE).sum())
@@ -97,8 +113,13 @@ class MaskedLMObjective:
         if self.sbo:
             head_inputs.update(sbo_left=batch["sbo_left"], sbo_right=batch["sbo_right"],
                                sbo_offset=batch["sbo_offset"])
+        options = {}
+        if model.training and self.rows_only and _takes_rows_only(model):
+            # training reads the logits only: the encoder's last layer computes the positions the head reads alone
+            # (TaskModel.forward(rows_only=True)); evaluation keeps every position for the token-state cosine
+            options["rows_only"] = True
         out = model(batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                    token_type_ids=batch.get("token_type_ids"), **head_inputs)
+                    token_type_ids=batch.get("token_type_ids"), **head_inputs, **options)
         targets = labels[selected]  # (N,)
         n = targets.numel()
         mlm_loss, mlm_correct = _sum_ce(out.mlm_logits, targets)

@@ -26,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from lmforge.nn.capture import exporting
 
-__all__ = ["PACK_ABOVE", "Packing", "packed_tokenwise", "padded_tokenwise"]
+__all__ = ["PACK_ABOVE", "Packing", "ReadRows", "packed_tokenwise", "padded_tokenwise"]
 
 # Pack only when at most this share of the positions is real (measured: at 0.9 real the saving and the gather and
 # scatter cost about the same for a 6-layer 384-wide encoder on CPU).
@@ -85,6 +86,68 @@ class Packing:
         """(N, ...) -> (B, T, ...): the rows back in place, zeros at the padded positions (differentiable)."""
         out = x.new_zeros((self.batch * self.length, *x.shape[1:]))
         return out.index_copy(0, self.index, x).view(self.batch, self.length, *x.shape[1:])
+
+
+@dataclass(frozen=True)
+class ReadRows:
+    """The (batch, position) rows read after an encoder's last layer, which then computes those rows alone.
+
+    In masked-LM pretraining only the masked positions (and [CLS] for NSP / SOP) are read after the encoder, so its
+    last layer needs queries, the attention output projection, residuals, norms and feed-forward at those R rows
+    only; keys and values still come from every position, so the rows are exact. R = ``mask.sum()``, in row-major
+    order (the order of ``hidden[mask]``). Their queries attend in a (B, M) layout, M the most rows of any sequence
+    (``to_slots`` / ``from_slots``): the score matrix is (B, H, M, T) instead of (B, H, T, T).
+
+    Attributes:
+        mask: (B, T) bool, True = read.
+        source: (R,) int64 row of each read position in the layer input: ``b * T + t`` of the flattened (B, T)
+            layout, or its packed row under a ``Packing`` (the position must then be a real token).
+        positions: (R,) int64 t of each row (rotary queries).
+        slots: (R,) int64 ``b * M + j``, j the row's rank among its sequence's rows.
+        width: M (at least 1).
+    """
+
+    mask: Tensor
+    source: Tensor
+    positions: Tensor
+    slots: Tensor
+    width: int
+
+    @classmethod
+    def build(cls, mask: Tensor, packing: Packing | None = None) -> ReadRows:
+        """From a (B, T) bool mask (no read position may be padding under ``packing``)."""
+        B, T = mask.shape
+        flat = mask.reshape(-1).nonzero().squeeze(1)  # (R,) b * T + t
+        width = max(int(mask.sum(1).max()), 1) if B else 1
+        rank = (mask.cumsum(1) - 1).reshape(-1).index_select(0, flat)  # (R,) j
+        slots = torch.div(flat, T, rounding_mode="floor") * width + rank  # (R,)
+        source = flat
+        if packing is not None:  # the packed row of each flat position
+            inverse = torch.full((B * T,), -1, dtype=torch.long, device=mask.device)
+            inverse[packing.index] = torch.arange(packing.tokens, device=mask.device)
+            source = inverse.index_select(0, flat)
+        return cls(mask, source, flat % T, slots, width)
+
+    @property
+    def rows(self) -> int:
+        """R."""
+        return self.source.numel()
+
+    def take(self, x: Tensor) -> Tensor:
+        """(B, T, ...) or packed (N, ...) -> (R, ...): the read rows of a layer input."""
+        if x.dim() >= 3 and x.shape[:2] == self.mask.shape:
+            x = x.reshape(-1, *x.shape[2:])
+        return x.index_select(0, self.source)
+
+    def to_slots(self, x: Tensor) -> Tensor:
+        """(R, ...) -> (B, M, ...): each row in its sequence's slot, zeros in the unused slots."""
+        B = self.mask.shape[0]
+        out = x.new_zeros((B * self.width, *x.shape[1:]))
+        return out.index_copy(0, self.slots, x).view(B, self.width, *x.shape[1:])
+
+    def from_slots(self, x: Tensor) -> Tensor:
+        """(B, M, ...) -> (R, ...): the inverse of ``to_slots``."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.slots)
 
 
 def packed_tokenwise(fn: Callable[[Tensor], Tensor], x: Tensor, key_mask: Tensor) -> Tensor:
