@@ -41,7 +41,7 @@ from lmforge.nn.positional import LearnedPositional, Positions, SinusoidalPositi
 from lmforge.nn.stack import run_layers
 
 __all__ = ["Encoder", "EncoderEmbeddings", "EncoderOutput", "EncoderRowsOutput", "Pooler", "build_encoder_layers",
-           "init_bert_weights"]
+           "check_encoder_inputs", "init_bert_weights"]
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:
@@ -250,7 +250,8 @@ class Encoder(PretrainedMixin, nn.Module):
             LmforgeError: bad input (shape, dtype, an id outside its vocabulary, a sequence longer than
                 max_seq_len); the message names the value and the limit.
         """
-        key_mask = self._check_inputs(input_ids, attention_mask, token_type_ids, position_ids)  # (B, T) bool | None
+        key_mask = check_encoder_inputs(self.config, input_ids, attention_mask, token_type_ids,
+                                        position_ids)  # (B, T) bool | None
         wanted = select_layers(output_attentions, len(self.layers))  # layers whose weights are returned; no bools
 
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, D)
@@ -290,44 +291,6 @@ class Encoder(PretrainedMixin, nn.Module):
         if key_mask is not None and bool((read_rows & ~key_mask).any()):
             raise LmforgeError("read_rows marks a padded position; only real tokens can be read")
 
-    # ------------------------------------------------------------------ input checks
-    def _check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
-                      position_ids: Tensor | None) -> Tensor | None:
-        """Raise on a bad input; return the (B, T) bool key mask, or None when nothing is padded.
-
-        The key mask is built once per forward pass, not per layer; None lets the SDPA kernel take its unmasked
-        fast path.
-        """
-        cfg = self.config
-        B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
-        if T > cfg.max_seq_len:
-            raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
-                               f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
-        if token_type_ids is not None and cfg.type_vocab_size:
-            check_integer_tensor(token_type_ids, "token_type_ids")
-            if token_type_ids.shape != input_ids.shape:
-                raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
-                                   f"{tuple(token_type_ids.shape)}")
-            check_id_range(token_type_ids, cfg.type_vocab_size, name="token_type_ids", what="token type id",
-                           limit=f"type_vocab_size={cfg.type_vocab_size}")
-        key_mask = None
-        if attention_mask is not None:
-            key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
-            # compiled too: a graph break, but the unmasked kernel is much faster; exported: one graph, mask kept
-            if not exporting() and bool(key_mask.all()):
-                key_mask = None
-        if position_ids is not None:
-            if cfg.positional == "rotary":
-                raise LmforgeError("position_ids cannot be given with rotary positions (they are always "
-                                   "0 .. T - 1); leave position_ids=None")
-            check_integer_tensor(position_ids, "position_ids")
-            if tuple(position_ids.shape) not in ((B, T), (T,)):
-                raise LmforgeError(f"position_ids must be (batch={B}, length={T}) or (length={T},); got "
-                                   f"{tuple(position_ids.shape)}")
-            check_id_range(position_ids, cfg.max_seq_len, name="position_ids", what="position id",
-                           limit=f"max_seq_len={cfg.max_seq_len}")
-        return key_mask
-
     def extra_repr(self) -> str:
         c = self.config
         extra = "".join(f", {k}={getattr(c, k)!r}" for k, default in
@@ -335,3 +298,41 @@ class Encoder(PretrainedMixin, nn.Module):
                         if getattr(c, k) != default)
         return (f"n_layers={c.n_layers}, d_model={c.d_model}, n_heads={c.n_heads}, d_ff={c.d_ff}, "
                 f"norm_first={c.norm_first}, positional={c.positional!r}{extra}")
+
+
+def check_encoder_inputs(cfg: ModelConfig, input_ids: Tensor, attention_mask: Tensor | None,
+                         token_type_ids: Tensor | None, position_ids: Tensor | None) -> Tensor | None:
+    """Raise on a bad input to an encoder of config ``cfg``; return the (B, T) bool key mask, or None when nothing
+    is padded. ``Encoder.forward``'s checks, and the ONNX Runtime stand-in's (``lmforge.persistence.onnx``).
+
+    The key mask is built once per forward pass, not per layer; None lets the SDPA kernel take its unmasked
+    fast path.
+    """
+    B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
+    if T > cfg.max_seq_len:
+        raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
+                           f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
+    if token_type_ids is not None and cfg.type_vocab_size:
+        check_integer_tensor(token_type_ids, "token_type_ids")
+        if token_type_ids.shape != input_ids.shape:
+            raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
+                               f"{tuple(token_type_ids.shape)}")
+        check_id_range(token_type_ids, cfg.type_vocab_size, name="token_type_ids", what="token type id",
+                       limit=f"type_vocab_size={cfg.type_vocab_size}")
+    key_mask = None
+    if attention_mask is not None:
+        key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
+        # compiled too: a graph break, but the unmasked kernel is much faster; exported: one graph, mask kept
+        if not exporting() and bool(key_mask.all()):
+            key_mask = None
+    if position_ids is not None:
+        if cfg.positional == "rotary":
+            raise LmforgeError("position_ids cannot be given with rotary positions (they are always "
+                               "0 .. T - 1); leave position_ids=None")
+        check_integer_tensor(position_ids, "position_ids")
+        if tuple(position_ids.shape) not in ((B, T), (T,)):
+            raise LmforgeError(f"position_ids must be (batch={B}, length={T}) or (length={T},); got "
+                               f"{tuple(position_ids.shape)}")
+        check_id_range(position_ids, cfg.max_seq_len, name="position_ids", what="position id",
+                       limit=f"max_seq_len={cfg.max_seq_len}")
+    return key_mask

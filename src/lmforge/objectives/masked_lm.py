@@ -14,6 +14,7 @@ the NSP (or SOP) loss the mean over sequences, the SBO loss the mean over span t
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -71,7 +72,13 @@ def _takes_rows_only(model: nn.Module) -> bool:
         if not isinstance(inner, nn.Module):
             break
         model = inner
-    return "rows_only" in inspect.signature(model.forward).parameters
+    return _forward_takes_rows_only(type(model))
+
+
+@functools.cache
+def _forward_takes_rows_only(cls: type) -> bool:
+    """Read once per class, not on every training step."""
+    return "rows_only" in inspect.signature(cls.forward).parameters
 
 
 class MaskedLMObjective:

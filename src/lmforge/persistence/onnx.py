@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models.encoder import check_encoder_inputs
 from lmforge.models.outputs import EncoderOutput
-from lmforge.nn.inputs import check_input_ids
 from lmforge.utils.io import atomic_write_text
 
 __all__ = ["MANIFEST_NAME", "ONNX_DIR", "OPSET", "OnnxEncoder", "export_onnx", "onnx_backbone", "require_onnx",
@@ -216,6 +216,8 @@ def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset
     """
     from lmforge.heads import TaskModel
 
+    if quantize not in (None, "int8"):  # before anything is exported
+        raise LmforgeError(f"--quantize {quantize!r}: the choice is int8 (or leave it out for fp32)")
     model = loaded.model
     backbone = model.backbone if isinstance(model, TaskModel) else model
     if not supports_onnx(backbone):
@@ -234,18 +236,21 @@ def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset
     entry = export_encoder(backbone, out / ENCODER_FILE, opset=opset)
     ort = require_onnxruntime()
     session = _session(out / ENCODER_FILE, ort)
-    diff = _parity(backbone, session, entry)
-    if diff > PARITY_TOLERANCE:
-        raise LmforgeError(f"the exported encoder differs from eager by {diff:.2e} (> {PARITY_TOLERANCE:g}); this is "
-                           "a bug in lmforge's export, please report it with the model's config.json")
-    entry["max_abs_diff_fp32"] = diff
+    entry["max_abs_diff_fp32"] = check_parity(_parity(backbone, session, entry), "encoder")
     notes = []
     if quantize == "int8":
         notes.append(quantize_graph(out / ENCODER_FILE, entry, "the accuracy on your held-out data with `lmforge "
                                     "evaluate --runtime onnx`"))
-    elif quantize is not None:
-        raise LmforgeError(f"--quantize {quantize!r}: the choice is int8 (or leave it out for fp32)")
     return Exported(write_manifest(out, "encoder", entry, ort), notes)
+
+
+def check_parity(diff: float, what: str) -> float:
+    """``diff`` (the largest |ONNX - eager| of a fresh graph), or a one-line refusal beyond ``PARITY_TOLERANCE``
+    (NaN included)."""
+    if not diff <= PARITY_TOLERANCE:
+        raise LmforgeError(f"the exported {what} differs from eager by {diff:.2e} (> {PARITY_TOLERANCE:g}); this is "
+                           "a bug in lmforge's export, please report it with the model's config.json")
+    return diff
 
 
 def quantize_graph(path: Path, entry: dict[str, Any], check: str) -> str:
@@ -308,25 +313,14 @@ class OnnxEncoder(nn.Module):
             raise LmforgeError("position_ids are not an input of the ONNX graph (positions are 0 .. T - 1); run "
                                "with --runtime torch to give them")
         cfg = self.config
-        B, T = check_input_ids(input_ids, vocab_size=cfg.vocab_size)
-        if T > cfg.max_seq_len:
-            raise LmforgeError(f"sequence length {T} exceeds max_seq_len={cfg.max_seq_len}; truncate the input "
-                               f"(e.g. tokenizer truncation=True, max_length={cfg.max_seq_len})")
-        feeds = {"input_ids": input_ids.detach().cpu().long().numpy()}
-        mask = torch.ones(B, T, dtype=torch.long) if attention_mask is None else attention_mask.detach().cpu().long()
-        if mask.shape != (B, T):
-            raise LmforgeError(f"attention_mask must have the shape of input_ids {(B, T)}; got {tuple(mask.shape)}")
-        feeds["attention_mask"] = mask.numpy()
+        key_mask = check_encoder_inputs(cfg, input_ids, attention_mask, token_type_ids, None)  # eager's checks
+        B, T = input_ids.shape
+        feeds = {"input_ids": input_ids.detach().cpu().long().numpy(),
+                 "attention_mask": (torch.ones(B, T, dtype=torch.long) if key_mask is None
+                                    else key_mask.detach().cpu().long()).numpy()}
         if "token_type_ids" in self.inputs:
-            segments = torch.zeros(B, T, dtype=torch.long) if token_type_ids is None \
-                else token_type_ids.detach().cpu().long()
-            if segments.shape != (B, T):
-                raise LmforgeError(f"token_type_ids must have the shape of input_ids {(B, T)}; got "
-                                   f"{tuple(segments.shape)}")
-            if segments.numel() and (int(segments.min()) < 0 or int(segments.max()) >= cfg.type_vocab_size):
-                raise LmforgeError(f"token_type_ids must be in [0, {cfg.type_vocab_size}) "
-                                   f"(type_vocab_size={cfg.type_vocab_size})")
-            feeds["token_type_ids"] = segments.numpy()
+            feeds["token_type_ids"] = (torch.zeros(B, T, dtype=torch.long) if token_type_ids is None
+                                       else token_type_ids.detach().cpu().long()).numpy()
         names = ["last_hidden_state", "pooled_output"]
         if output_hidden_states:
             names += [f"hidden_state_{i}" for i in range(cfg.n_layers + 1)]

@@ -48,9 +48,9 @@ from lmforge.persistence.onnx import (
     MANIFEST_NAME,
     ONNX_DIR,
     OPSET,
-    PARITY_TOLERANCE,
     Exported,
     _session,
+    check_parity,
     quantize_graph,
     require_onnx,
     require_onnxruntime,
@@ -192,19 +192,13 @@ def export_decoder_onnx(model: nn.Module, decoder: nn.Module, folder: Path, *, q
     ``TaskModel`` around one, whose graph then has no ``logits``), ``decoder`` its ``Decoder``."""
     from lmforge.heads import TaskModel
 
-    if quantize not in (None, "int8"):
-        raise LmforgeError(f"--quantize {quantize!r}: the choice is int8 (or leave it out for fp32)")
     decoder = decoder.eval()
     task_model = isinstance(model, TaskModel)
     out = folder / ONNX_DIR
     entry = export_decoder(decoder, out / DECODER_FILE, logits=not task_model, opset=opset)
     ort = require_onnxruntime()
     diffs = _parity(decoder, _session(out / DECODER_FILE, ort), entry)
-    diff = max(diffs.values())
-    if not diff <= PARITY_TOLERANCE:  # NaN too
-        raise LmforgeError(f"the exported decoder differs from eager by {diff:.2e} (> {PARITY_TOLERANCE:g}); this is "
-                           "a bug in lmforge's export, please report it with the model's config.json")
-    entry["max_abs_diff_fp32"] = diff
+    entry["max_abs_diff_fp32"] = check_parity(max(diffs.values()), "decoder")
     entry["max_abs_diff_fp32_by_pass"] = diffs
     notes = []
     if task_model:
