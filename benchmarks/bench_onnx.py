@@ -7,6 +7,9 @@ padding) and *paragraphs* (one paragraph a text: about half the positions are pa
 
 - transformers eager: ``AutoModel`` (BertModel, SDPA attention), fp32, ``inference_mode``;
 - lmforge eager: the same weights imported with ``lmforge convert --from-hf``;
+- lmforge ``--compile`` (with ``--compile``): that model compiled in place as ``predict`` / ``embed`` / ``serve
+  --compile`` do (``compile_in_place``: one graph with unpadding inside, inductor's freezing); its compilation
+  (both sets' shapes) happens in the warm-up, outside the timed rounds, and is reported on its own;
 - lmforge ONNX fp32 / int8: ``lmforge convert --to-onnx`` (``--quantize int8``), run as ``--runtime onnx`` runs it;
 - optimum: ``ORTModelForFeatureExtraction.from_pretrained(..., export=True)`` on the Hugging Face folder, run in a
   second interpreter given by ``--optimum-python`` (optimum-onnx needs transformers < 4.58, older than the one this
@@ -179,17 +182,27 @@ def speed(args: argparse.Namespace, work: Path) -> None:
 
     sides = {"transformers eager": lambda b: hf(**b).last_hidden_state, "lmforge eager": lmforge_side(ours),
              "lmforge ONNX fp32": lmforge_side(onnx32), "lmforge ONNX int8": lmforge_side(onnx8)}
+    if args.compile:
+        from lmforge.utils.compiling import compile_in_place
+
+        compiled = compile_in_place(load_pretrained(folder, with_head=False).model.eval())
+        sides["lmforge --compile"] = lmforge_side(compiled)
     optimum = None
     if args.optimum_python:
         optimum = OptimumSide(args.optimum_python, hf_dir, work / "batches.npz", args.threads, work)
     check = sets["paragraphs"][0]
     real = check["attention_mask"].bool()
+    warm: dict[str, float] = {}
     with torch.inference_mode():
         want = sides["transformers eager"](check)
-        diffs = {name: float((fn(check) - want)[real].abs().max()) for name, fn in sides.items()}
-        for batches in sets.values():
-            for fn in sides.values():
-                fn(batches[0])  # warm-up
+        diffs = {}
+        for name, fn in sides.items():
+            start = time.perf_counter()
+            diffs[name] = float((fn(check) - want)[real].abs().max())
+            for batches in sets.values():
+                for batch in batches[:2]:
+                    fn(batch)  # warm-up (--compile: the shapes of both sets, then a dynamic length)
+            warm[name] = time.perf_counter() - start
     if optimum is not None:
         diffs["optimum ORT"] = float((torch.from_numpy(optimum.first) - want)[real].abs().max())
     times: dict[tuple[str, str], list[float]] = {}
@@ -232,6 +245,8 @@ def speed(args: argparse.Namespace, work: Path) -> None:
                                               " optimum not measured (no --optimum-python)."))
     print()
     print(markdown_table(header, rows))
+    print("\nWarm-up (the check batch, then two batches of each set, untimed; --compile: its compilation): "
+          + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in warm.items()))
 
 
 # ---------------------------------------------------------------------------------------------- accuracy
@@ -278,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batches", type=int, default=4, help="batches of 32 texts a set")
     p.add_argument("--optimum-python", help="an interpreter with optimum-onnx and onnxruntime installed")
+    p.add_argument("--compile", action="store_true", help="also measure lmforge eager compiled in place (inductor)")
     p.add_argument("--accuracy", action="store_true", help="also fine-tune on TREC-6 and score int8 against fp32")
     p.add_argument("--trec", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"),
                    help="the folder with TREC's train.tsv and test.tsv")

@@ -173,6 +173,35 @@ def test_inductor_step_matches_eager():
         torch.testing.assert_close(results[1][1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_inductor_inference_folds_the_weights_in_and_matches_eager():
+    """``compile_in_place`` with the real backend: padded batches of new lengths (one graph, unpadding inside it,
+    the weights frozen into it) give eager's states at the real tokens; a forward with gradients on still trains
+    (no freezing there) and changes nothing for the inference graph."""
+    if compiling.find_cxx() is None:
+        pytest.skip(f"no C++ compiler ({', '.join(compiling.cxx_candidates())}) for torch.compile's inductor backend")
+    from lmforge.config import model_config_from_preset
+    from lmforge.models.encoder import Encoder
+
+    cfg = model_config_from_preset("bert-tiny", vocab_size=60)
+    torch.manual_seed(0)
+    eager = Encoder(cfg).eval()
+    compiled = Encoder(cfg).eval()
+    compiled.load_state_dict(eager.state_dict())
+    assert compile_in_place(compiled, backend="inductor") is compiled
+    g = torch.Generator().manual_seed(1)
+    for B, T in ((3, 9), (4, 13), (2, 6), (3, 16)):
+        ids = torch.randint(5, 60, (B, T), generator=g)
+        mask = torch.ones_like(ids)
+        mask[0, T // 2:] = 0
+        with torch.no_grad():
+            want = eager(ids, attention_mask=mask).last_hidden_state
+            got = compiled(ids, attention_mask=mask).last_hidden_state
+        real = mask.bool()
+        torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-4, msg=f"B={B}, T={T}")
+    compiled(ids, attention_mask=mask).last_hidden_state.sum().backward()  # gradients on: not frozen
+    assert all(p.grad is not None for p in compiled.parameters() if p.requires_grad and p.dim() > 1)
+
+
 def test_inference_compiles_in_place(tiny_encoder_dir, tmp_path):
     from lmforge.cli import main
     from lmforge.persistence import load_pretrained

@@ -109,3 +109,38 @@ def test_varying_lengths_stop_recompiling_after_the_dynamic_shape(name):
     finally:
         torch._dynamo.reset()
     assert frames[-1] == frames[2], frames
+
+
+def _explain_one_graph(model, args, kwargs):
+    """``dynamo.explain`` as ``compile_in_place`` traces: eval mode, no gradients, inside ``one_graph_capture``."""
+    import torch._dynamo as dynamo
+
+    from lmforge.nn.capture import one_graph_capture
+
+    model.eval()
+    dynamo.reset()
+    try:
+        with torch.no_grad(), one_graph_capture():
+            return dynamo.explain(model)(*args, **kwargs)
+    finally:
+        dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["bert-tiny sequence head", "albert-mini", "electra-tiny", "gpt-nano"])
+def test_compiled_inference_is_one_graph_with_padding_too(name):
+    """Compiled for inference (``compile_in_place``), a padded batch is one graph as well: unpadding's token count
+    is captured as a size of the graph and the all-real-mask shortcut takes its general path; the same model
+    compiled for training keeps its breaks there (the test above)."""
+    model, args, kwargs = _case(name, padded=True)
+    explained = _explain_one_graph(model, args, kwargs)
+    reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), reasons
+    assert _explain(model, args, kwargs).graph_break_count > 0  # outside it: the per-batch choices break the graph
+
+
+def test_one_graph_is_only_true_while_capturing_inside_the_context():
+    from lmforge.nn.capture import one_graph, one_graph_capture
+
+    with one_graph_capture():
+        assert not one_graph()  # eager code inside the context still chooses per batch
+    assert not one_graph()

@@ -37,7 +37,7 @@ from lmforge.nn import (
     positions_from_mask,
     select_layers,
 )
-from lmforge.nn.capture import capturing, exporting
+from lmforge.nn.capture import capturing, one_graph
 from lmforge.nn.init import normal_init
 from lmforge.nn.kernels.few_rows import project_rows
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -223,8 +223,9 @@ class Decoder(PretrainedMixin, nn.Module):
                 position_ids = positions_from_mask(attention_mask, T)  # (B, T)
             new = attention_mask[:, past:]  # (B, T)
             last = (new * torch.arange(1, T + 1, device=new.device)).argmax(-1)  # (B,) last True; 0 if none
-            # compiled too: a graph break, but the plain causal kernel is faster; exported: one graph, mask kept
-            if not exporting() and bool(attention_mask.all()):
+            # compiled training too: a graph break, but the plain causal kernel is faster; exported or compiled for
+            # inference: one graph, mask kept (lmforge.nn.capture.one_graph)
+            if not one_graph() and bool(attention_mask.all()):
                 attention_mask = None  # no padding: lets the kernel take its plain causal path
         if position_ids is not None and self.rotary is not None:
             raise LmforgeError(

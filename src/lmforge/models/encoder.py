@@ -29,7 +29,7 @@ from lmforge.config import ModelConfig
 from lmforge.errors import LmforgeError
 from lmforge.models import PretrainedMixin
 from lmforge.models.outputs import EncoderOutput, EncoderRowsOutput
-from lmforge.nn.capture import exporting
+from lmforge.nn.capture import one_graph
 from lmforge.nn.init import normal_init
 from lmforge.nn.inputs import check_id_range, check_input_ids, check_integer_tensor, select_layers
 from lmforge.nn.kernels.packed_dropout import Dropout
@@ -322,8 +322,9 @@ def check_encoder_inputs(cfg: ModelConfig, input_ids: Tensor, attention_mask: Te
     key_mask = None
     if attention_mask is not None:
         key_mask = key_padding_mask(attention_mask, batch=B, length=T)  # (B, T) bool
-        # compiled too: a graph break, but the unmasked kernel is much faster; exported: one graph, mask kept
-        if not exporting() and bool(key_mask.all()):
+        # compiled training too: a graph break, but the unmasked kernel is much faster; exported or compiled for
+        # inference: one graph, mask kept (lmforge.nn.capture.one_graph)
+        if not one_graph() and bool(key_mask.all()):
             key_mask = None
     if position_ids is not None:
         if cfg.positional == "rotary":

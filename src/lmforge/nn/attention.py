@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lmforge.errors import LmforgeError
-from lmforge.nn.capture import capturing, exporting
+from lmforge.nn.capture import capturing, exporting, one_graph
 from lmforge.nn.generic_attention import Attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
 from lmforge.nn.kernels.packed_dropout import dropout, uses_packed_masks
@@ -147,7 +147,7 @@ def sdpa_attention(
     safe_mask, row_valid = guard_empty_rows(mask)  # (B|1, H|1, T, S), (B|1, H|1, T, 1)
     # the usual case (right padding, no empty rows): skip two full-size copies (compiled: a graph break that pays;
     # exported: the general path, one graph)
-    if not exporting() and bool(row_valid.all()):
+    if not one_graph() and bool(row_valid.all()):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, dropout_p=dropout_p, scale=scale)
     return out.masked_fill(~row_valid, 0.0)  # (B, H, T, Dh)

@@ -5,18 +5,29 @@ values (an input check, the all-real-mask shortcut, unpadding, a cache-sized chu
 specialise it on the example's sizes. Each such step tests ``capturing()`` and, while it is true, takes the path
 that is right for any input (see ``lmforge.utils.compiling``).
 
-``torch.compile`` may still break a graph where the break pays (unpadding, the all-real-mask shortcut: BENCHMARKS,
-issue 39). ``torch.export`` (and so the ONNX export, ``lmforge.persistence.onnx``) cannot break a graph at all: while
-``exporting()`` is true those steps take one path for every input (the mask always applied, as an additive bias;
-unpadding always on, its token count a size of the graph).
-``torch.jit.trace`` is not supported: it would bake the example's values into the graph.
+Two steps choose per batch on a tensor's values: unpadding (``Packing.decide``: is the batch padded enough?) and
+the all-real-mask shortcut (no mask at all when nothing is padded). ``one_graph()`` says whether they must take one
+path for every input instead, which is then: unpadding always on, its token count N a size of the graph (ONNX
+NonZero; TorchDynamo's unbacked size), and the mask always applied, as an additive bias. It is true
+
+* while ``torch.export`` records the model (``exporting()``: the ONNX export, ``lmforge.persistence.onnx``), which
+  cannot break a graph at all;
+* while ``torch.compile`` traces inside ``one_graph_capture()``: compiled inference (``compile_in_place``), where
+  one graph lets inductor fold the weights in (freezing) and pays far more than choosing per batch (BENCHMARKS,
+  issue 39, item 3).
+
+Compiled training keeps the per-batch choice: its graph breaks there, and running the real tokens only pays more
+than one graph without freezing. ``torch.jit.trace`` is not supported: it would bake the example's values into the
+graph.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["capturing", "exporting"]
+from lmforge.utils.compiling import one_graph_capture, one_graph_requested
+
+__all__ = ["capturing", "exporting", "one_graph", "one_graph_capture"]
 
 
 def capturing() -> bool:
@@ -27,3 +38,9 @@ def capturing() -> bool:
 def exporting() -> bool:
     """True while ``torch.export`` records the model (the ONNX export): one graph, with no data-dependent branch."""
     return torch.compiler.is_exporting()
+
+
+def one_graph() -> bool:
+    """True while a trace must take one path for every input (see the module docstring): exporting, or compiling
+    inside ``one_graph_capture()``."""
+    return exporting() or (one_graph_requested() and capturing())

@@ -10,7 +10,13 @@ What it does
   the eager random stream (``torch._inductor.config.fallback_random``), so a run resumed with ``--compile`` from a
   checkpoint written without it (or the other way round) continues exactly, within floating-point tolerance.
 * **Inference and serving** (``predict``, ``evaluate``, ``embed``, ``serve``): the model is compiled in place
-  (``nn.Module.compile``), so it stays the same object (its class, attributes and state dict unchanged).
+  (``nn.Module.compile``'s mechanism), so it stays the same object (its class, attributes and state dict
+  unchanged). It is traced as ONE graph, padded batches included (``lmforge.nn.capture.one_graph_capture``:
+  unpadding stays on inside the graph, its token count a size of it), and inductor folds the weights into that
+  graph (``freezing``: prepacked weight layouts for the CPU's matrix kernels, bias and activation fused into them):
+  1.5-2x eager on a CPU where the graph breaks of training made it level (BENCHMARKS, issue 39, item 3). The
+  weights are read when a shape first compiles, so a model whose weights change afterwards must be compiled
+  afresh.
 * **Shapes**: ``dynamic=None``, PyTorch's automatic dynamic shapes: the first call compiles for its exact shapes;
   when a dimension changes, the next compile makes it symbolic, so batches of varying length cost one more compile,
   not one per batch. Recompiles per function are capped at ``RECOMPILE_LIMIT``; hitting the cap logs a warning
@@ -20,9 +26,9 @@ What it does
   packed mask written out for autograd instead of its cache-sized chunks (whose Python loops would compile again
   for every length), and shape-check messages are formatted only on failure (a size formatted into a string would
   specialise the graph on it). So a batch without padding is one graph per Transformer family, and new lengths
-  reuse it after the automatic-dynamic recompile (``tests/training/test_compile_graphs.py``). A padded batch keeps
-  its breaks at unpadding and the all-real-mask shortcut: on a CPU, running the real tokens only is worth more than
-  one graph (folding them in made compiled inference on padded batches 0.66x eager).
+  reuse it after the automatic-dynamic recompile (``tests/training/test_compile_graphs.py``). In training a padded
+  batch keeps its breaks at unpadding and the all-real-mask shortcut: without freezing, running the real tokens
+  only is worth more than one graph (compiled inference that computed the padding made it 0.66x eager).
 * **Errors**: where compiling is impossible (no C++ compiler for inductor on a CPU, no Triton on a GPU, a Python
   TorchDynamo does not support) ``check_compile`` raises an ``LmforgeError`` naming ``--compile`` before any work;
   a backend failure at the first step (or any later recompile) becomes one too (``compile_errors``), never a
@@ -164,14 +170,59 @@ def compile_module(model: nn.Module, device: torch.device | str, *, training: bo
 
 
 def compile_in_place(model: nn.Module, *, backend: str | None = None, dynamic: bool | None = None) -> nn.Module:
-    """Compile ``model``'s forward in place (``nn.Module.compile``; inference and serving) and return it: the
-    object, its class and its state dict stay as they were."""
+    """Compile ``model``'s forward in place for inference and serving, and return it: the object, its class and
+    its state dict stay as they were (``nn.Module.compile``'s mechanism).
+
+    The model is traced as one graph (``lmforge.nn.capture.one_graph_capture``: unpadding always on, its token
+    count a size of the graph), and inductor folds the weights into it (``freezing``: constant folding and weight
+    layouts prepacked for the CPU's matrix kernels), which only an inference graph allows. **The weights are read
+    when a shape first compiles**: change them afterwards (training, ``load_state_dict``) and compile a fresh
+    model; the compiled one would go on computing with the old ones. A forward with gradients on is compiled
+    without freezing.
+    """
+    import torch
+
     backend = backend or compile_backend()
     param = next(model.parameters(), None)
     check_compile(param.device if param is not None else "cpu", backend)
     _configure(backend, training=False)
-    model.compile(backend=backend, dynamic=dynamic)
+    compiled = torch.compile(model._call_impl, backend=backend, dynamic=dynamic)
+
+    def call_one_graph(*args: Any, **kwargs: Any) -> Any:
+        import torch._inductor.config
+
+        # freezing is read while TorchDynamo traces (the weights become graph constants), not only by inductor:
+        # torch.compile(options=) would come too late, so it is set around the call, for this model's graphs only
+        with one_graph_capture(), torch._inductor.config.patch(freezing=backend == "inductor"):
+            return compiled(*args, **kwargs)
+
+    model._compiled_call_impl = call_one_graph  # what nn.Module.compile sets: __call__ runs it instead of forward
     return model
+
+
+_ONE_GRAPH = [False]  # set inside one_graph_capture(); TorchDynamo reads it as a constant of the traced graph
+
+
+def one_graph_requested() -> bool:
+    """Whether the calling code runs inside ``one_graph_capture()`` (``lmforge.nn.capture.one_graph`` reads it)."""
+    return _ONE_GRAPH[0]
+
+
+@contextlib.contextmanager
+def one_graph_capture() -> Iterator[None]:
+    """Inside, ``torch.compile`` traces lmforge's models as one graph: unpadding's data-dependent token count is
+    captured (TorchDynamo's ``capture_dynamic_output_shape_ops``) instead of breaking the graph, and the per-batch
+    choices take their general path (``lmforge.nn.capture.one_graph``). Calls of an already compiled graph are
+    unaffected."""
+    import torch._dynamo
+
+    previous = _ONE_GRAPH[0]
+    _ONE_GRAPH[0] = True
+    try:
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+            yield
+    finally:
+        _ONE_GRAPH[0] = previous
 
 
 def is_compiled(model: nn.Module) -> bool:

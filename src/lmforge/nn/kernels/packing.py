@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmforge.nn.capture import exporting
+from lmforge.nn.capture import one_graph
 
 __all__ = ["PACK_ABOVE", "Packing", "ReadRows", "packed_tokenwise", "padded_tokenwise"]
 
@@ -62,12 +62,13 @@ class Packing:
     @classmethod
     def decide(cls, key_mask: Tensor | None, *, enabled: bool = True) -> Packing | None:
         """A packing for ``key_mask`` when it is worth it (see the module docstring), else None."""
-        # compiled too: unpadding's data-dependent size breaks the graph, but computing only the real tokens is worth
-        # more than one graph on a CPU (BENCHMARKS, issue 39)
+        # compiled training: unpadding's data-dependent size breaks the graph, but computing only the real tokens is
+        # worth more than one graph without freezing (BENCHMARKS, issue 39)
         if not enabled or key_mask is None:
             return None
-        if exporting():  # one graph for every batch: N is a graph-time size (ONNX NonZero), and the graph always
-            return cls.from_mask(key_mask)  # packs: 2% slower on a batch without padding, 1.7x faster at half padding
+        if one_graph():  # one graph for every batch (exported, compiled inference): N is a graph-time size (ONNX
+            return cls.from_mask(key_mask)  # NonZero), and the graph always packs: 2% slower on a batch without
+            # padding, 1.7x faster at half padding (ONNX Runtime)
         packing = cls.from_mask(key_mask)
         if packing.index.numel() > PACK_ABOVE * key_mask.numel() or packing.index.numel() == 0:
             return None
