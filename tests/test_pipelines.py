@@ -180,3 +180,35 @@ def test_question_answering_ranks_as_evaluate_over_several_windows(finetuned):
     ranked = qa(item)
     assert [(r["start"], r["end"]) for r in ranked] == [(e["start"], e["end"]) for e in reference["n_best"][:3]]
     assert all(0.0 < r["score"] <= 1.0 for r in ranked)
+
+
+def test_compile_gives_the_same_answers_and_refuses_what_it_cannot_compile(finetuned, tiny_encoder_dir,
+                                                                           monkeypatch):
+    """``compile=True`` compiles the model in place as ``predict --compile`` does (TorchDynamo with the ``eager``
+    backend here: the tracing, one graph with unpadding inside, is what is tested, not inductor's code)."""
+    import torch._dynamo
+
+    from lmforge.utils.compiling import BACKEND_ENV
+
+    monkeypatch.setenv(BACKEND_ENV, "eager")
+    torch._dynamo.reset()
+    try:
+        out, _, _ = finetuned("sequence")
+        texts = ["alice great today", "bob awful later than ever", "carol"]
+        plain = lmforge.pipeline("text-classification", model=out, top_k=2)(texts)
+        compiled = lmforge.pipeline("text-classification", model=out, top_k=2, compile=True)
+        got = compiled(texts)
+        assert [[a["label"] for a in row] for row in got] == [[a["label"] for a in row] for row in plain]
+        np.testing.assert_allclose([[a["score"] for a in row] for row in got],
+                                   [[a["score"] for a in row] for row in plain], atol=1e-5)
+        assert compiled.top_k == 2  # the pipeline's own attributes
+        fe = lmforge.pipeline("feature-extraction", model=tiny_encoder_dir, compile=True)
+        np.testing.assert_allclose(np.stack(fe(texts)),
+                                   np.stack(lmforge.pipeline("feature-extraction", model=tiny_encoder_dir)(texts)),
+                                   atol=1e-5)
+    finally:
+        torch._dynamo.reset()
+    with pytest.raises(LmforgeError, match="decoding loop runs uncompiled"):
+        lmforge.pipeline("text-generation", model=out, compile=True)
+    with pytest.raises(LmforgeError, match="exclude each other"):
+        lmforge.pipeline("text-classification", model=out, runtime="onnx", compile=True)

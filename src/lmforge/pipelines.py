@@ -59,7 +59,7 @@ PIPELINES = ("fill-mask", "text-classification", "token-classification", "questi
 
 
 def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, runtime: str = "torch",
-             **options: Any):
+             compile: bool = False, **options: Any):
     """Build the pipeline for ``task`` from the model folder ``model`` (see the module docstring).
 
     Args:
@@ -70,6 +70,10 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
         batch_size: inputs per forward pass.
         runtime: ``"torch"``, or ``"onnx"``: the encoder runs in ONNX Runtime from the folder's ``onnx/`` graph
             (``lmforge convert --to-onnx``), the head in PyTorch (``lmforge.persistence.onnx``).
+        compile: compile the model with ``torch.compile`` for inference, as ``predict --compile`` does
+            (``lmforge.utils.compiling.compile_in_place``: one graph, the weights folded in; the first calls of each
+            new shape compile). Not for text-generation (its decoding loop runs uncompiled) nor with
+            ``runtime="onnx"``.
         options: per pipeline: ``top_k`` (fill-mask: 5; text-classification, question-answering, multiple-choice:
             None, one best answer as a dict; a number gives that many as a ranked list); ``layers``, ``combine``,
             ``pooling`` or ``word_pooling`` (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts``
@@ -83,7 +87,34 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
                 "text-generation": TextGenerationPipeline}
     if task not in builders:
         raise LmforgeError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
-    return builders[task](model, device=device, batch_size=batch_size, runtime=runtime, **options)
+    if compile and task == "text-generation":
+        raise LmforgeError("compile=True: the text-generation pipeline's decoding loop runs uncompiled; leave "
+                           "compile out")
+    if compile and runtime != "torch":
+        raise LmforgeError(f"compile=True and runtime={runtime!r} exclude each other: compile compiles the PyTorch "
+                           "model, which ONNX Runtime replaces; give one")
+    built = builders[task](model, device=device, batch_size=batch_size, runtime=runtime, **options)
+    return _CompiledPipeline(built) if compile else built
+
+
+class _CompiledPipeline:
+    """A pipeline whose model is compiled in place; a failure of torch.compile at a call is an ``LmforgeError``
+    naming the option. Every other attribute is the pipeline's."""
+
+    def __init__(self, pipe: Any) -> None:
+        from lmforge.utils.compiling import compile_in_place
+
+        compile_in_place(pipe.model)
+        self._pipe = pipe
+
+    def __call__(self, inputs: Any, **kwargs: Any) -> Any:
+        from lmforge.utils.compiling import compile_errors
+
+        with compile_errors():
+            return self._pipe(inputs, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 def _as_list(inputs: Any) -> tuple[list[Any], bool]:
