@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from lmforge.nn.attention import attention_weights, make_causal_mask, sdpa_attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention
-from lmforge.nn.kernels.packed_dropout import Dropout, dropout, keep_mask
+from lmforge.nn.kernels.packed_dropout import Dropout, dropout, keep_mask, uses_packed_masks
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -126,12 +126,28 @@ def test_attention_in_chunks_of_rows_equals_one_pass_on_the_same_masks(chunk):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
-def test_bf16_and_other_devices_fall_back_to_torch_dropout():
-    """A bf16 mask would store 1 / (1 - p) rounded (1/0.9 -> 1.109): low precision keeps torch's dropout."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_draws_the_packed_mask_and_scales_in_fp32(dtype):
+    """bf16 / fp16 (autocast): the packed draw, a 0/1 mask, and the scale applied as a number (fp32 arithmetic,
+    rounded once, as torch's dropout): kept elements are x / (1 - p) rounded, not x times a rounded 1.109."""
+    p = 0.1
+    x = torch.randn(300, 257, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
     torch.manual_seed(0)
-    x = torch.ones(200, 500, dtype=torch.bfloat16)
-    y = dropout(x, 0.1)
-    kept = y[y != 0].float()
-    torch.testing.assert_close(kept.mean(), torch.tensor(1 / 0.9).to(torch.bfloat16).float())
+    y = dropout(x, p)
     torch.manual_seed(0)
-    assert torch.equal(y, F.dropout(x, 0.1))  # torch's own draws
+    keep = keep_mask(x.shape, p)  # the same draws from the same state
+    scale = 2**32 / (2**32 - round(p * 2**32))
+    want = (x.detach().float() * keep * scale).to(dtype)  # one rounding of the exact product
+    assert y.dtype == dtype and torch.equal(y, want)
+    assert 0.88 < keep.float().mean() < 0.92
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    (grad,) = torch.autograd.grad(y, x, g)
+    assert torch.equal(grad, (g.float() * keep * scale).to(dtype))
+    ones = dropout(torch.ones(200, 500, dtype=dtype), p)
+    torch.testing.assert_close(ones[ones != 0].float().mean(), torch.tensor(1 / 0.9).to(dtype).float())
+
+
+def test_other_devices_fall_back_to_torch_dropout():
+    x = torch.ones(3, 4, device="meta")
+    assert not uses_packed_masks(x)
+    assert dropout(x, 0.1).shape == x.shape

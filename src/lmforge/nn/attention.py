@@ -23,7 +23,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.capture import capturing, exporting, one_graph
 from lmforge.nn.generic_attention import Attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
-from lmforge.nn.kernels.packed_dropout import dropout, uses_packed_masks
+from lmforge.nn.kernels.packed_dropout import dropout, scales_in_mask
 from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kv_cache import KVCache
 from lmforge.nn.masks import combine_masks, guard_empty_rows, make_causal_mask, padding_to_key_mask
@@ -134,12 +134,18 @@ def sdpa_attention(
         is_causal = False
     if exporting():
         return exported_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale)
-    if dropout_p > 0.0 and uses_packed_masks(q):
+    if dropout_p > 0.0 and q.device.type == "cpu" and q.is_floating_point():
         # torch's CPU SDPA has no fused kernel with dropout: its math path, with a mask a third as costly
         # compiled: the same mask written out for autograd; the cache-sized chunks are Python loops over concrete
         # sizes, which would compile again for every new length (4% slower a step at bert-mini's size, BENCHMARKS)
         kernel = plain_dropout_attention if capturing() else dropout_attention
-        return kernel(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), dropout_p, scale)
+        folded = _fold_causal(mask, is_causal, T, S, q.device)
+        if scales_in_mask(q):
+            return kernel(q, k, v, folded, dropout_p, scale)
+        # bf16 / fp16 (autocast): the weights in fp32, as torch's math path computes its scores, outside autocast
+        # (which would cast the products back); 1.4x torch's bf16 math path forward + backward at bert-base's shape
+        with torch.autocast(q.device.type, enabled=False):
+            return kernel(q.float(), k.float(), v.float(), folded, dropout_p, scale).to(q.dtype)
     if mask is None and (not is_causal or T == S):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = _fold_causal(mask, is_causal, T, S, q.device)

@@ -11,7 +11,9 @@ Forward + backward against torch's math path: 1.7x at (16, 6, 128, 32) causal, 2
 2.2x at (16, 12, 256, 32) (1.15x before the chunks: there the whole (T, S) tensors left the cache).
 
 The mask is ``lmforge.nn.kernels.packed_dropout``'s (its draws, seeding and fall-backs apply here too); each chunk
-of rows draws its own part of it in turn.
+of rows draws its own part of it in turn. Under bf16 autocast ``lmforge.nn.attention.sdpa_attention`` runs this
+kernel on fp32 copies of q, k and v with autocast off (torch's math path computes its scores in fp32 too) and
+casts the output back: 1.4x torch's bf16 math path, forward + backward, at (8, 12, 128, 64).
 """
 
 from __future__ import annotations
