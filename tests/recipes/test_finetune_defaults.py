@@ -86,6 +86,18 @@ def test_a_small_training_set_gets_enough_updates(tmp_path, n_train, batch, epoc
     assert updates >= MIN_UPDATES or epochs == 20.0
 
 
+@pytest.mark.parametrize(("micro", "batch"), [(8, 16), (12, 12), (32, 32)])
+def test_the_small_data_batch_is_whole_micro_batches(tmp_path, micro, batch):
+    """A user's --train.micro_batch_size: the rule's batch is a multiple of it and never smaller than one."""
+    from lmforge.recipes.finetune import _default_schedule
+
+    config = model_config_from_preset("bert-tiny", vocab_size=99, pad_token_id=0)
+    run = FinetuneRun(model=str(tmp_path), task=TaskConfig(task="sequence"),
+                      train=TrainConfig(batch_size=96, micro_batch_size=micro))
+    _default_schedule(run, default_lr(run.model, config)[1], 1000)
+    assert run.train.batch_size == batch and run.train.batch_size % micro == 0 and run.task.epochs > 3.0
+
+
 def test_the_schedule_is_left_alone_for_random_weights_or_given_steps(tmp_path):
     from lmforge.recipes.finetune import _default_schedule
 

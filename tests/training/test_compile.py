@@ -198,6 +198,15 @@ def test_inductor_inference_folds_the_weights_in_and_matches_eager():
             got = compiled(ids, attention_mask=mask).last_hidden_state
         real = mask.bool()
         torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-4, msg=f"B={B}, T={T}")
+    torch.manual_seed(1)  # a second model of the same class (an ensemble's members): its own weights, not the first's
+    other_eager = Encoder(cfg).eval()
+    other = compile_in_place(Encoder(cfg).eval(), backend="inductor")
+    other.load_state_dict(other_eager.state_dict())
+    with torch.no_grad():
+        for model, reference in ((other, other_eager), (compiled, eager)):
+            got = model(ids, attention_mask=mask).last_hidden_state
+            want = reference(ids, attention_mask=mask).last_hidden_state
+            torch.testing.assert_close(got[real], want[real], rtol=1e-4, atol=1e-4)
     compiled(ids, attention_mask=mask).last_hidden_state.sum().backward()  # gradients on: not frozen
     assert all(p.grad is not None for p in compiled.parameters() if p.requires_grad and p.dim() > 1)
 

@@ -276,6 +276,8 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
     train_examples = task.read(run.train_file, labelled=True)
     task.fit_labels(train_examples)
     train_features = featurize(task, train_examples, tokenizer, run.train_file, training=True)
+    if choose_schedule:  # before the dev evaluator takes its batch size from the run
+        _default_schedule(run, kind, len(train_features))
     evaluator = None
     if run.dev_file:
         dev_examples = task.read(run.dev_file, labelled=True)
@@ -290,8 +292,6 @@ def build_finetune_trainer(run: FinetuneRun, *, resume: str = "never", overwrite
             hint(metrics)
             return metrics
 
-    if choose_schedule:
-        _default_schedule(run, kind, len(train_features))
     info = init_distributed()
     data = FeatureData(train_features, lambda fs: task.collate(fs, tokenizer.pad_id), seed=run.train.seed,
                        rank=info.rank, world_size=info.world_size, group_by_length=run.train.group_by_length)
@@ -390,6 +390,9 @@ def _default_schedule(run: FinetuneRun, kind: str, n_train: int) -> None:
     if updates >= MIN_UPDATES:
         return
     batch = min(run.train.batch_size, SMALL_DATA_BATCH)
+    micro = run.train.micro_batch_size
+    if micro is not None:  # whole micro-batches (the step accumulates them): never a batch smaller than one
+        batch = max(micro, batch // micro * micro)
     per_epoch = math.ceil(n_train / batch)
     epochs = float(min(MAX_DEFAULT_EPOCHS, max(run.task.epochs, math.ceil(MIN_UPDATES / per_epoch))))
     run.train = from_dict(TrainConfig, {**to_dict(run.train), "batch_size": batch})

@@ -14,7 +14,7 @@ What it does
   unchanged). It is traced as ONE graph, padded batches included (``lmforge.nn.capture.one_graph_capture``:
   unpadding stays on inside the graph, its token count a size of it), and inductor folds the weights into that
   graph (``freezing``: prepacked weight layouts for the CPU's matrix kernels, bias and activation fused into them):
-  1.5-2x eager on a CPU where the graph breaks of training made it level (BENCHMARKS, issue 39, item 3). The
+  1.8-2.2x eager on a CPU, where the per-layer graphs before were level with it (BENCHMARKS, issue 39, item 3). The
   weights are read when a shape first compiles, so a model whose weights change afterwards must be compiled
   afresh.
 * **Shapes**: ``dynamic=None``, PyTorch's automatic dynamic shapes: the first call compiles for its exact shapes;

@@ -92,9 +92,9 @@ def _mask_values(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dty
     """The mask as ``dtype`` values: kept = 1 / (1 - p) (``scaled``) or 1, dropped = 0."""
     _check(p)
     n = math.prod(shape)
-    threshold, scale = _threshold(p) if 0.0 < p < 1.0 else (0, 1.0)
-    if p == 0.0 or p == 1.0 or n == 0:
-        return torch.full(tuple(shape), (scale if scaled else 1.0) if p < 1.0 else 0.0, dtype=dtype, device=device)
+    if p == 0.0 or p == 1.0 or n == 0:  # (at p = 0 the scale is 1)
+        return torch.full(tuple(shape), 1.0 if p < 1.0 else 0.0, dtype=dtype, device=device)
+    threshold, scale = _threshold(p)
     mask = torch.ge(_lanes(n, device, generator), threshold, out=torch.empty(n, dtype=dtype, device=device))
     return (mask.mul_(scale) if scaled else mask).view(tuple(shape))
 
