@@ -60,6 +60,17 @@ class DecoderCache(StackCache):
     """
 
 
+def check_total_length(cfg: ModelConfig, past: int, new: int) -> int:
+    """The total length S = cached ``past`` + ``new`` positions of a decoder of config ``cfg``; raise when it
+    exceeds the model's positions. ``Decoder.forward``'s check, and the ONNX Runtime stand-in's
+    (``lmforge.persistence.onnx_decoder``)."""
+    total = past + new
+    if total > cfg.max_seq_len:
+        raise LmforgeError(f"total length {total} (cached {past} + new {new}) exceeds max_seq_len={cfg.max_seq_len}; "
+                           "shorten the input or use a model with more positions")
+    return total
+
+
 class Decoder(PretrainedMixin, nn.Module):
     """GPT language model: Radford et al. 2018, "Improving Language Understanding by Generative Pre-Training", and
     Radford et al. 2019, "Language Models are Unsupervised Multitask Learners" (GPT-2).
@@ -209,11 +220,7 @@ class Decoder(PretrainedMixin, nn.Module):
         """
         B, T = check_input_ids(input_ids, vocab_size=self.config.vocab_size)
         past = self._prepare_cache(cache, B)
-        S = past + T
-        if S > self.config.max_seq_len:
-            raise LmforgeError(
-                f"total length {S} (cached {past} + new {T}) exceeds max_seq_len={self.config.max_seq_len}; "
-                "shorten the input or use a model with more positions")
+        S = check_total_length(self.config, past, T)
         last = None  # (B,) each row's last real new token (the extract token), when there is padding
         if attention_mask is not None:
             # (formatting the sizes into the label would specialise a compiled graph on them: plain text there)

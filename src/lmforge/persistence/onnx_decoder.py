@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.models.decoder import check_total_length
 from lmforge.models.outputs import DecoderOutput
 from lmforge.nn.inputs import check_input_ids
 from lmforge.nn.masks import key_padding_mask
@@ -312,11 +313,7 @@ class OnnxDecoder(nn.Module):
             if cache.batch_size is not None and cache.batch_size != B:
                 raise LmforgeError(f"cache holds batch size {cache.batch_size} but input_ids has {B} rows; reorder "
                                    "the cache (cache.reorder(index)) when the batch changes")
-        S = past + T
-        if S > cfg.max_seq_len:
-            raise LmforgeError(
-                f"total length {S} (cached {past} + new {T}) exceeds max_seq_len={cfg.max_seq_len}; "
-                "shorten the input or use a model with more positions")
+        S = check_total_length(cfg, past, T)
         if attention_mask is None:
             mask = torch.ones(B, S, dtype=torch.bool)
         else:
