@@ -220,6 +220,35 @@ def test_a_fine_tuned_gpt_exports_without_logits_and_predicts_as_eager(tmp_path,
         backbone(torch.tensor([[5, 6, 7]]))
 
 
+def test_fewshot_with_runtime_onnx_scores_as_eager(exported, tmp_path, capsys):
+    """``fewshot --runtime onnx``: the candidates' scores come from the graph's logits (the vocabulary projection is
+    inside it), equal to eager's within the parity tolerance, in classify (with demonstrations and calibration) and
+    generate mode."""
+    folder = exported("learned")
+    texts = ["alice lives in paris", "bob met carol", "rome is the capital", "erin saw oslo", "dave went north"]
+    for name, rows in (("train.csv", texts[:3]), ("test.csv", texts[2:] + texts[:2])):
+        (tmp_path / name).write_text("text,label\n" + "".join(f"{t},{'same' if i % 2 else 'different'}\n"
+                                                             for i, t in enumerate(rows)), encoding="utf-8")
+    saved = {}
+    for runtime in ("torch", "onnx"):
+        for mode in ("classify", "generate"):
+            out = tmp_path / f"{runtime}-{mode}"
+            assert main(["-q", "fewshot", "--model", str(folder), "--train", str(tmp_path / "train.csv"), "--test",
+                         str(tmp_path / "test.csv"), "--shots", "0,2", "--draws", "2", "--template",
+                         "{text} is {label}", "--mode", mode, "--max-new-tokens", "3", "--runtime", runtime,
+                         "--out", str(out), *(["--calibrate"] if mode == "classify" else [])]) == 0, \
+                capsys.readouterr().err
+            saved[runtime, mode] = json.loads((out / "fewshot.json").read_text(encoding="utf-8"))
+    for mode in ("classify", "generate"):
+        want, got = saved["torch", mode]["predictions"], saved["onnx", mode]["predictions"]
+        assert sorted(want) == sorted(got) == ["0", "2"]
+        for shots in want:
+            assert [p["prediction"] for p in got[shots]] == [p["prediction"] for p in want[shots]]
+            for a, b in zip(want[shots], got[shots], strict=True):
+                for key in set(a) & {"scores", "probabilities"}:
+                    assert b[key] == pytest.approx(a[key], abs=TOL), (mode, shots, key)
+
+
 def test_int8_decoder_graph_is_smaller_and_generates(exported, tmp_path):
     folder = exported("learned")
     q = export(folder, tmp_path / "int8", "--quantize", "int8")

@@ -23,8 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lmforge.choices import RUNTIMES
 from lmforge.commands.options import SEED, Count
 from lmforge.errors import InputFileError, LmforgeError
+from lmforge.utils.compiling import RUNTIME_HELP
 
 log = logging.getLogger("lmforge")
 
@@ -118,6 +120,7 @@ def add_fewshot_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-test", type=Count(1, 2**31 - 1), metavar="N", help="use only the first N test examples")
     p.add_argument("--batch-size", type=Count(1, 65_536), default=16, metavar="N",
                    help="sequences per forward pass (default 16)")
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--out", metavar="DIR", help="write fewshot.json and fewshot.png into this new folder")
     p.add_argument("--overwrite", action="store_true",
                    help="with --out: move an existing folder aside (<name>.old-<time>) and write afresh")
@@ -139,7 +142,7 @@ def run_fewshot(args: argparse.Namespace) -> int:
     if max(config.shots) > 0 and not args.train:
         raise LmforgeError(f"--shots {','.join(map(str, config.shots))} needs --train FILE (the pool the "
                            "demonstrations are drawn from); or evaluate zero-shot only with --shots 0")
-    model, tokenizer = _load(args.model, scoring=config.mode == "classify")
+    model, tokenizer = _load(args.model, scoring=config.mode == "classify", runtime=args.runtime)
     columns = {"text_column": args.text_column, "text_pair_column": args.text_pair_column,
                "label_column": args.label_column, "pair": PromptTemplate.parse(config.template).uses_pair}
     train = _read(args.train, columns) if args.train else []
@@ -159,12 +162,12 @@ def run_fewshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(directory: str, *, scoring: bool) -> tuple[Any, Any]:
+def _load(directory: str, *, scoring: bool, runtime: str = "torch") -> tuple[Any, Any]:
     """The model and tokenizer of a folder; refuses a model that is not a causal LM before any data is read."""
     from lmforge.persistence import load_pretrained
     from lmforge.prompting import causal_lm_for
 
-    loaded = load_pretrained(directory, with_head=False)
+    loaded = load_pretrained(directory, with_head=False, runtime=runtime)
     causal_lm_for(loaded.model, directory, scoring=scoring)
     if loaded.tokenizer is None:
         raise InputFileError(f"{directory}: no tokenizer in the folder (vocab.txt, or a GPT-2 byte-level BPE's "

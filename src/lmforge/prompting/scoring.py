@@ -84,6 +84,11 @@ def causal_lm_for(model: Any, name: str | None = None, *, scoring: bool = True) 
     from lmforge.models.elmo import BiLM
 
     shown = name or f"the {type(model).__name__}"
+    if getattr(model, "logits_in_graph", False) and _family_name(model) == "decoder":
+        # a GPT run by ONNX Runtime (--runtime onnx): the vocabulary projection is inside its graph, so the pass
+        # returns the scores themselves and ``logits`` passes the selected rows through
+        return CausalLM(model, lambda ids, mask: model(ids, attention_mask=mask).logits, lambda scores: scores,
+                        "left", model.config.max_seq_len)
     if isinstance(model, Decoder):
         return CausalLM(model, lambda ids, mask: model(ids, attention_mask=mask, return_logits=False)
                         .last_hidden_state, model.lm_logits, "left", model.config.max_seq_len)
