@@ -87,6 +87,32 @@ def test_every_task_head_on_the_onnx_encoder_equals_eager(exported, task):
         assert [p["label"] for p in want] == [p["label"] for p in got]
 
 
+@pytest.mark.parametrize("task", ["sequence", "pair", "token"])
+def test_a_classifier_exports_whole_for_onnx_runtime_alone(exported, task):
+    """``onnx/model.onnx``: a sequence or pair classifier with its head, run by a bare ONNX Runtime session (no
+    lmforge at run time), gives eager's logits within 1e-4, its columns in the manifest's label order; other heads
+    export the encoder alone."""
+    folder, _, dev = exported(task)
+    manifest = json.loads((folder / "onnx" / "manifest.json").read_text())
+    if task == "token":
+        assert set(manifest["graphs"]) == {"encoder"} and not (folder / "onnx" / "model.onnx").exists()
+        return
+    entry = manifest["graphs"]["task"]
+    assert entry["file"] == "model.onnx" and entry["outputs"] == ["logits"] and entry["max_abs_diff_fp32"] <= TOL
+    eager, task_obj, tokenizer = load_task_model(str(folder))
+    assert entry["labels"] == list(eager.head.labels)
+    examples = task_obj.read(str(dev), labelled=True)
+    features = featurize(task_obj, examples, tokenizer, str(dev), training=False)
+    batch = task_obj.collate(features[:7], tokenizer.pad_id)
+    ort = require_onnxruntime()
+    session = ort.InferenceSession(str(folder / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {name: batch[name].numpy() for name in entry["inputs"]}
+    (got,) = session.run(["logits"], feeds)
+    with torch.no_grad():
+        want = eager(**{name: batch[name] for name in entry["inputs"]}).logits
+    assert got.shape == tuple(want.shape) and (torch.from_numpy(got) - want).abs().max().item() <= TOL
+
+
 @pytest.mark.parametrize("overrides", [
     {},                                                             # BERT (post-LN, learned positions)
     {"embedding_size": 16, "share_layers": "all"},                 # ALBERT
@@ -171,7 +197,8 @@ def test_int8_quantisation_writes_a_smaller_graph_that_runs(exported, tmp_path):
     folder, _, dev = exported("sequence")
     q = export(folder, tmp_path / "int8", "--quantize", "int8")
     manifest = json.loads((q / "onnx" / "manifest.json").read_text())
-    assert manifest["graphs"]["encoder"]["precision"] == "int8"
+    assert manifest["graphs"]["encoder"]["precision"] == manifest["graphs"]["task"]["precision"] == "int8"
+    assert (q / "onnx" / "model.onnx").stat().st_size < (folder / "onnx" / "model.onnx").stat().st_size
     assert (q / "onnx" / "encoder.onnx").stat().st_size < (folder / "onnx" / "encoder.onnx").stat().st_size
     fp32 = load_pretrained(folder, with_head=False, runtime="onnx").model
     int8 = load_pretrained(q, with_head=False, runtime="onnx").model

@@ -227,6 +227,10 @@ def _convert_to_onnx(args: argparse.Namespace) -> int:
     entry = next(iter(exported.manifest["graphs"].values()))  # the encoder's, or a GPT's decoder graph
     print(f"exported {args.to_onnx} -> {out}/onnx/{entry['file']} ({entry['precision']}; fp32 graph within "
           f"{entry['max_abs_diff_fp32']:.1e} of eager); run it with --runtime onnx")
+    task = exported.manifest["graphs"].get("task")
+    if task is not None:
+        print(f"exported the classifier whole -> {out}/onnx/{task['file']} (logits; within "
+              f"{task['max_abs_diff_fp32']:.1e} of eager): runs in ONNX Runtime alone, without lmforge")
     return 0
 
 

@@ -5,6 +5,9 @@ head) with ``onnx/`` beside it::
 
     OUT/onnx/encoder.onnx      the Transformer encoder: input_ids, attention_mask (B, T) [, token_type_ids] ->
                                last_hidden_state (B, T, D), pooled_output (B, D), hidden_state_0 .. hidden_state_L
+    OUT/onnx/model.onnx        a sequence or pair classifier (or regressor) whole, its head included: the same
+                               inputs -> logits (B, C); written beside encoder.onnx for a deployment without
+                               lmforge (its manifest entry lists the labels in order)
     OUT/onnx/manifest.json     which graphs, their precision (fp32, or int8 with dynamic quantisation), the versions
                                that wrote them and the largest difference from eager measured at export
 
@@ -45,6 +48,7 @@ __all__ = ["MANIFEST_NAME", "ONNX_DIR", "OPSET", "OnnxEncoder", "export_onnx", "
 ONNX_DIR = "onnx"
 MANIFEST_NAME = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
+TASK_FILE = "model.onnx"  # a sequence or pair classifier whole, head included (exports_whole)
 FORMAT = "lmforge-onnx"
 OPSET = 20  # ONNX Gelu (opset 20): ONNX Runtime fuses it with its bias (BiasGelu); onnxruntime >= 1.17
 PARITY_TOLERANCE = 1e-4  # fp32 graphs: the largest |ONNX - eager| accepted at export
@@ -74,6 +78,19 @@ def require_onnx() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ export
+class _TaskGraph(nn.Module):
+    """What is exported for a sequence or pair classifier: the task model, head included, returning its logits."""
+
+    def __init__(self, model: nn.Module, segments: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.segments = segments
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        return self.model(input_ids, attention_mask=attention_mask,
+                          token_type_ids=token_type_ids if self.segments else None).logits
+
+
 class _EncoderGraph(nn.Module):
     """What is exported: the encoder called with tensors only, returning a flat tuple of tensors."""
 
@@ -137,6 +154,44 @@ def export_encoder(encoder: nn.Module, path: Path, *, opset: int = OPSET) -> dic
                 dynamic=dynamic, opset=opset)
     return {"file": path.name, "kind": "encoder", "inputs": inputs, "outputs": outputs, "precision": "fp32",
             "opset": opset}
+
+
+def exports_whole(model: nn.Module) -> bool:
+    """A task model whose head ONNX can hold too: sequence and pair classification or regression (``model.onnx``).
+    The other heads' word pooling, span enumeration and window pooling stay in PyTorch on the encoder's states."""
+    from lmforge.heads import TaskModel
+    from lmforge.heads.classification import SequenceClassificationHead
+
+    return isinstance(model, TaskModel) and type(model.head) is SequenceClassificationHead
+
+
+def export_task_model(model: nn.Module, path: Path, *, opset: int = OPSET) -> dict[str, Any]:
+    """Write a sequence or pair classifier (``exports_whole``), head included, to ``path``; return its manifest
+    entry (its labels in the order of the logits' columns)."""
+    require_onnx()
+    config = model.backbone.config
+    inputs, _ = _encoder_names(config)
+    graph = _TaskGraph(model, segments=bool(config.type_vocab_size)).eval()
+    example = _example_batch(config, 2, min(16, config.max_seq_len), seed=0)
+    batch = torch.export.Dim("batch", min=1)
+    seq = torch.export.Dim("sequence", min=1, max=config.max_seq_len)
+    write_graph(graph, tuple(example[n] for n in inputs), path, what="task model", inputs=inputs, outputs=["logits"],
+                dynamic={name: {0: batch, 1: seq} for name in inputs}, opset=opset)
+    head = model.head
+    return {"file": path.name, "kind": "task", "task": "regression" if head.regression else "classification",
+            "labels": [] if head.regression else list(head.labels), "inputs": inputs, "outputs": ["logits"],
+            "precision": "fp32", "opset": opset}
+
+
+def _task_parity(model: nn.Module, session: Any) -> float:
+    """The largest |ONNX - eager| of the logits on a batch shaped unlike the traced example."""
+    config = model.backbone.config
+    feeds = _example_batch(config, 3, max(1, min(23, config.max_seq_len)), seed=1)
+    with torch.no_grad():
+        want = model(feeds["input_ids"], attention_mask=feeds["attention_mask"],
+                     token_type_ids=feeds.get("token_type_ids")).logits
+    (got,) = session.run(["logits"], {k: v.numpy() for k, v in feeds.items()})
+    return (torch.from_numpy(got) - want).abs().max().item()
 
 
 def write_graph(graph: nn.Module, example: tuple[Tensor, ...], path: Path, *, what: str, inputs: list[str],
@@ -237,11 +292,17 @@ def export_onnx(loaded: Any, folder: Path, *, quantize: str | None = None, opset
     ort = require_onnxruntime()
     session = _session(out / ENCODER_FILE, ort)
     entry["max_abs_diff_fp32"] = check_parity(_parity(backbone, session, entry), "encoder")
+    graphs = {"encoder": entry}
+    if exports_whole(model):  # the classifier whole too, for a deployment without lmforge
+        model = model.eval()
+        task = export_task_model(model, out / TASK_FILE, opset=opset)
+        task["max_abs_diff_fp32"] = check_parity(_task_parity(model, _session(out / TASK_FILE, ort)), "task model")
+        graphs["task"] = task
     notes = []
     if quantize == "int8":
-        notes.append(quantize_graph(out / ENCODER_FILE, entry, "the accuracy on your held-out data with `lmforge "
-                                    "evaluate --runtime onnx`"))
-    return Exported(write_manifest(out, "encoder", entry, ort), notes)
+        check = "the accuracy on your held-out data with `lmforge evaluate --runtime onnx`"
+        notes += dict.fromkeys(quantize_graph(out / graph["file"], graph, check) for graph in graphs.values())
+    return Exported(write_manifest(out, graphs, ort), notes)
 
 
 def check_parity(diff: float, what: str) -> float:
@@ -263,9 +324,9 @@ def quantize_graph(path: Path, entry: dict[str, Any], check: str) -> str:
     return f"int8: the MatMul weights are quantised (dynamic quantisation); check {check} against the fp32 folder"
 
 
-def write_manifest(out: Path, kind: str, entry: dict[str, Any], ort: Any) -> dict[str, Any]:
-    """``out/manifest.json`` for one graph of ``kind``; returns the manifest."""
-    manifest = {"format": FORMAT, "graphs": {kind: entry}, "torch": torch.__version__, "onnxruntime": ort.__version__}
+def write_manifest(out: Path, graphs: dict[str, dict[str, Any]], ort: Any) -> dict[str, Any]:
+    """``out/manifest.json`` for ``graphs`` (kind -> entry); returns the manifest."""
+    manifest = {"format": FORMAT, "graphs": graphs, "torch": torch.__version__, "onnxruntime": ort.__version__}
     atomic_write_text(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     return manifest
 

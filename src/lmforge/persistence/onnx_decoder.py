@@ -207,7 +207,7 @@ def export_decoder_onnx(model: nn.Module, decoder: nn.Module, folder: Path, *, q
                      "generate: export the language model's folder for that")
     if quantize == "int8":
         notes.append(quantize_graph(out / DECODER_FILE, entry, "the quality on your own prompts"))
-    return Exported(write_manifest(out, "decoder", entry, ort), notes)
+    return Exported(write_manifest(out, {"decoder": entry}, ort), notes)
 
 
 # ------------------------------------------------------------------------------------------------ running
