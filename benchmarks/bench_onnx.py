@@ -7,6 +7,8 @@ padding) and *paragraphs* (one paragraph a text: about half the positions are pa
 
 - transformers eager: ``AutoModel`` (BertModel, SDPA attention), fp32, ``inference_mode``;
 - lmforge eager: the same weights imported with ``lmforge convert --from-hf``;
+- lmforge ``--precision bf16`` (with ``--bf16``): bf16 autocast, outputs back in fp32, eager and (with
+  ``--compile`` too) compiled; against transformers under the same autocast (``transformers eager bf16``);
 - lmforge ``--compile`` (with ``--compile``): that model compiled in place as ``predict`` / ``embed`` / ``serve
   --compile`` do (``compile_in_place``: one graph with unpadding inside, inductor's freezing); its compilation
   (both sets' shapes) happens in the warm-up, outside the timed rounds, and is reported on its own;
@@ -187,6 +189,21 @@ def speed(args: argparse.Namespace, work: Path) -> None:
 
         compiled = compile_in_place(load_pretrained(folder, with_head=False).model.eval())
         sides["lmforge --compile"] = lmforge_side(compiled)
+    if args.bf16:  # --precision bf16: autocast, outputs back in fp32 (and with --compile, compiled too)
+        from lmforge.training.precision import autocast_inference
+
+        def hf_bf16(b):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return hf(**b).last_hidden_state.float()
+
+        sides["transformers eager bf16"] = hf_bf16  # the reference at the same precision
+        half = load_pretrained(folder, with_head=False).model.eval()
+        autocast_inference(half, "bf16")
+        sides["lmforge --precision bf16"] = lmforge_side(half)
+        if args.compile:
+            half_compiled = load_pretrained(folder, with_head=False).model.eval()
+            autocast_inference(half_compiled, "bf16")
+            sides["lmforge --compile --precision bf16"] = lmforge_side(compile_in_place(half_compiled))
     optimum = None
     if args.optimum_python:
         optimum = OptimumSide(args.optimum_python, hf_dir, work / "batches.npz", args.threads, work)
@@ -294,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=4, help="batches of 32 texts a set")
     p.add_argument("--optimum-python", help="an interpreter with optimum-onnx and onnxruntime installed")
     p.add_argument("--compile", action="store_true", help="also measure lmforge eager compiled in place (inductor)")
+    p.add_argument("--bf16", action="store_true", help="also measure lmforge with --precision bf16 (autocast; "
+                   "with --compile, compiled too): meaningful on a CPU with AVX512_BF16 or AMX")
     p.add_argument("--accuracy", action="store_true", help="also fine-tune on TREC-6 and score int8 against fp32")
     p.add_argument("--trec", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"),
                    help="the folder with TREC's train.tsv and test.tsv")

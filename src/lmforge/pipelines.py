@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from lmforge.choices import PRECISIONS
 from lmforge.errors import LmforgeError
 
 PIPELINES = ("fill-mask", "text-classification", "token-classification", "question-answering",
@@ -59,7 +60,7 @@ PIPELINES = ("fill-mask", "text-classification", "token-classification", "questi
 
 
 def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: int = 32, runtime: str = "torch",
-             compile: bool = False, **options: Any):
+             compile: bool = False, precision: str = "fp32", **options: Any):
     """Build the pipeline for ``task`` from the model folder ``model`` (see the module docstring).
 
     Args:
@@ -74,6 +75,9 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
             (``lmforge.utils.compiling.compile_in_place``: one graph, the weights folded in; the first calls of each
             new shape compile). Not for text-generation (its decoding loop runs uncompiled) nor with
             ``runtime="onnx"``.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"auto"``: the model under bf16 autocast, its outputs back in
+            fp32 (``lmforge.training.precision.autocast_inference``; bf16 is fast only on a CPU with AVX512_BF16
+            or AMX). Not for text-generation nor with ``runtime="onnx"``.
         options: per pipeline: ``top_k`` (fill-mask: 5; text-classification, question-answering, multiple-choice:
             None, one best answer as a dict; a number gives that many as a ranked list); ``layers``, ``combine``,
             ``pooling`` or ``word_pooling`` (feature-extraction, see ``lmforge.embeddings.contextual.embed_texts``
@@ -93,7 +97,16 @@ def pipeline(task: str, model: str | Path, *, device: str = "cpu", batch_size: i
     if compile and runtime != "torch":
         raise LmforgeError(f"compile=True and runtime={runtime!r} exclude each other: compile compiles the PyTorch "
                            "model, which ONNX Runtime replaces; give one")
+    if precision not in PRECISIONS:
+        raise LmforgeError(f"precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision != "fp32" and (task == "text-generation" or runtime != "torch"):
+        raise LmforgeError(f"precision={precision!r} is PyTorch's autocast for the encoder pipelines; the "
+                           "text-generation pipeline and runtime='onnx' run in fp32: leave it out")
     built = builders[task](model, device=device, batch_size=batch_size, runtime=runtime, **options)
+    if precision != "fp32":
+        from lmforge.training.precision import autocast_inference
+
+        autocast_inference(built.model, precision)
     return _CompiledPipeline(built) if compile else built
 
 

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lmforge.choices import LONG_TEXT, RUNTIMES, TAG_SCHEMES, TASKS
+from lmforge.choices import LONG_TEXT, PRECISIONS, RUNTIMES, TAG_SCHEMES, TASKS
 from lmforge.commands.options import FRACTION, LEARNING_RATE, SEED, Count, Rate
 from lmforge.config import (
     load_toml,
@@ -40,6 +40,7 @@ from lmforge.recipes.resolve import merge, model_overrides, resolve, split_model
 from lmforge.utils.compiling import (
     COMPILE_HELP,
     INFERENCE_COMPILE_HELP,
+    INFERENCE_PRECISION_HELP,
     RUNTIME_HELP,
     check_runtime_options,
     compile_errors,
@@ -195,6 +196,7 @@ def add_evaluate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     _add_input_arguments(p, labels=True)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--out", dest="output", metavar="FILE.json",
                    help="also write the metrics here, and beside them, for classification, tagging and span labeling, "
@@ -243,10 +245,20 @@ def _member_input_options(ensemble: Ensemble, args: argparse.Namespace) -> None:
 
 
 def _compile_members(ensemble: Ensemble, args: argparse.Namespace) -> None:
-    """``--compile``: every member model of an ensemble compiled in place."""
+    """``--precision`` and ``--compile``: every member model of an ensemble set up as ``prepare_inference`` does."""
+    for model, *_ in ensemble.members:
+        prepare_inference(model, args)
+
+
+def prepare_inference(model: Any, args: argparse.Namespace) -> None:
+    """``--precision`` (bf16 autocast, outputs in fp32) then ``--compile`` (compiled in place) on ``model``."""
+    if getattr(args, "precision", "fp32") != "fp32":
+        from lmforge.training.precision import autocast_inference
+
+        choice = autocast_inference(model, args.precision)
+        log.info("inference precision %s (%s)", choice.precision, choice.reason)
     if args.compile:
-        for model, *_ in ensemble.members:
-            compile_in_place(model)
+        compile_in_place(model)
 
 
 def _progress(label: str) -> str | None:
@@ -287,8 +299,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     else:
         model, task, tokenizer = load_task_model(folders[0], args.runtime)
         task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
-        if args.compile:
-            compile_in_place(model)
+        prepare_inference(model, args)
         examples = task.read(args.data, labelled=True)
         features = featurize(task, examples, tokenizer, args.data, training=False)
         task.warn_unknown_labels(examples, args.data)
@@ -340,6 +351,7 @@ def add_predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=Count(1, 65_536), default=32, help="inputs per forward pass (default 32)")
     _add_input_arguments(p, labels=False)
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
@@ -362,8 +374,7 @@ def run_predict(args: argparse.Namespace) -> int:
     else:
         model, task, tokenizer = load_task_model(folders[0], args.runtime)
         task = with_input_options(task, args, model.backbone.config.max_seq_len, folders[0])
-        if args.compile:
-            compile_in_place(model)
+        prepare_inference(model, args)
         examples = task.read(args.input, labelled=False)
         features = featurize(task, examples, tokenizer, args.input, training=False)
         with compile_errors(args.compile):

@@ -12,16 +12,17 @@ import json
 import sys
 from pathlib import Path
 
-from lmforge.choices import HF_ENCODER_LAYOUTS, RUNTIMES, TEXT_POOLINGS, WORD_POOLINGS
+from lmforge.choices import HF_ENCODER_LAYOUTS, PRECISIONS, RUNTIMES, TEXT_POOLINGS, WORD_POOLINGS
+from lmforge.commands.finetune import prepare_inference
 from lmforge.commands.options import Count
 from lmforge.data.text import read_user_text
 from lmforge.errors import InputFileError, LmforgeError
 from lmforge.utils.compiling import (
     INFERENCE_COMPILE_HELP,
+    INFERENCE_PRECISION_HELP,
     RUNTIME_HELP,
     check_runtime_options,
     compile_errors,
-    compile_in_place,
 )
 from lmforge.utils.io import (
     atomic_write_bytes,
@@ -54,6 +55,7 @@ def add_embed_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=Count(1, 1_000_000), default=None,
                    help="truncate longer inputs (default: the model's)")
     p.add_argument("--compile", action="store_true", help=INFERENCE_COMPILE_HELP)
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--overwrite", action="store_true")
 
@@ -86,8 +88,7 @@ def run_embed(args: argparse.Namespace) -> int:
     family = architecture(loaded.config.arch)
     if not family.encodes_text and family.finetune_as:  # an encoder-decoder: its encoder alone embeds
         loaded.model = architecture(family.finetune_as).load().wrap(loaded.model)
-    if args.compile:
-        compile_in_place(loaded.model)
+    prepare_inference(loaded.model, args)
     buffer = io.BytesIO()
     if args.word_pooling:
         from lmforge.embeddings.contextual import embed_words

@@ -13,10 +13,10 @@ import logging
 import signal
 from typing import Any
 
-from lmforge.choices import RUNTIMES
+from lmforge.choices import PRECISIONS, RUNTIMES
 from lmforge.commands.options import PORT, Count, Rate
 from lmforge.errors import LmforgeError
-from lmforge.utils.compiling import RUNTIME_HELP
+from lmforge.utils.compiling import INFERENCE_PRECISION_HELP, RUNTIME_HELP
 
 log = logging.getLogger("lmforge")
 
@@ -52,6 +52,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="compile the encoder with torch.compile (inductor) at start-up, with a warm-up pass: slower "
                         "to start, faster per batch; /generate runs uncompiled; needs a C++ compiler on a CPU "
                         "(default: off)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--runtime", choices=RUNTIMES, default="torch", help=RUNTIME_HELP)
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 
@@ -82,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
         app = create_app(args.model, max_batch=args.max_batch, max_length=args.max_length,
                          batching=args.batching, max_wait_ms=args.max_wait_ms, max_texts=args.max_texts,
                          max_chars=args.max_chars, max_new_tokens=args.max_new_tokens, compile=args.compile,
-                         runtime=args.runtime)
+                         runtime=args.runtime, precision=args.precision)
         if stop.received:  # stopped while the model was loading
             return 0
         quiet = not log.isEnabledFor(logging.INFO)

@@ -78,7 +78,7 @@ class ServedModel:
     """
 
     def __init__(self, model_dir: str | Path, limits: Limits, *, max_batch: int = 32, device: str = "cpu",
-                 compile: bool = False, runtime: str = "torch") -> None:
+                 compile: bool = False, runtime: str = "torch", precision: str = "fp32") -> None:
         from lmforge.persistence import CONFIG_NAME, read_config
 
         self.dir = Path(model_dir)
@@ -97,6 +97,14 @@ class ServedModel:
         if self.tokenizer is None:
             raise InputFileError(f"{self.dir}: the model folder has no tokenizer (vocab.txt); save the model with "
                                  f"its tokenizer ({CONFIG_NAME} alone is not enough to serve it)")
+        self.precision = "fp32"
+        if precision != "fp32" and self.backbone is not None:  # /generate's decoding loop keeps fp32
+            from lmforge.training.precision import autocast_inference
+
+            for module in {id(m): m for m in (self.model, self.backbone)}.values():
+                choice = autocast_inference(module, precision)
+            self.precision = choice.precision
+            log.info("--precision %s: %s (%s)", precision, choice.precision, choice.reason)
         self.n_hidden_states = self._count_hidden_states() if self.backbone is not None else 0
         self._sample_requests = itertools.count()  # makes every sampling request its own batch key
         self.compiled = compile and self._compile()
@@ -393,7 +401,7 @@ def _hf_has_mlm(directory: Path) -> bool:
 # ---------------------------------------------------------------------------------------------- the app
 def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 512, batching: bool = True,
                max_wait_ms: float = 3.0, max_texts: int = 64, max_chars: int = 20_000, max_new_tokens: int = 256,
-               device: str = "cpu", compile: bool = False, runtime: str = "torch"):
+               device: str = "cpu", compile: bool = False, runtime: str = "torch", precision: str = "fp32"):
     """A FastAPI app serving the model folder ``model_dir`` (loaded now: a bad folder raises here).
 
     Args:
@@ -406,6 +414,8 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
         max_new_tokens: the largest ``max_new_tokens`` a /generate request may ask for.
         compile: torch.compile the encoder (``ServedModel``'s ``compile``).
         runtime: ``"torch"`` or ``"onnx"`` (``ServedModel``'s ``runtime``).
+        precision: ``"fp32"``, ``"bf16"`` or ``"auto"``: the encoder (and its head) under bf16 autocast, outputs in
+            fp32 (``lmforge.training.precision.autocast_inference``).
 
     Returns:
         a ``fastapi.FastAPI``; ``app.state.model`` is the ``ServedModel``, ``app.state.batchers`` the batchers.
@@ -430,7 +440,11 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
     if compile and runtime != "torch":
         raise LmforgeError(f"--compile and --runtime {runtime} exclude each other: --compile compiles the PyTorch "
                            "model, which ONNX Runtime replaces; give one")
-    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile, runtime=runtime)
+    if precision != "fp32" and runtime != "torch":
+        raise LmforgeError(f"--precision {precision} and --runtime {runtime} exclude each other: the precision is "
+                           "PyTorch's autocast; an ONNX graph runs as exported")
+    served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile, runtime=runtime,
+                         precision=precision)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-model")
     runs: dict[str, Callable[[Hashable, list[Any]], Sequence[Any]]] = {
         "/classify": served.run_task, "/tag": served.run_task, "/answer": served.run_task,

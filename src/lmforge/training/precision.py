@@ -17,10 +17,13 @@ run keeps the precision it started with, whatever the machine's load when it res
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from lmforge.utils.hardware import native_cpu_bf16
 
@@ -79,3 +82,42 @@ def resolve_precision(requested: str, device: torch.device, *, d_model: int = 25
         return PrecisionChoice("bf16", f"auto: native bf16 on this CPU; {measured}")
     return PrecisionChoice("fp32", f"auto: native bf16 on this CPU but too little gain at this width "
                                    f"(< {MIN_SPEEDUP}x); {measured}")
+
+
+def to_fp32(value: Any) -> Any:
+    """``value`` with every bf16 / fp16 tensor inside (a tensor, NamedTuple, dataclass, tuple, list or dict) as
+    fp32; everything else unchanged."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a NamedTuple (the models' outputs)
+        return type(value)(*(to_fp32(v) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: to_fp32(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_fp32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_fp32(v) for k, v in value.items()}
+    return value
+
+
+def autocast_inference(model: nn.Module, requested: str) -> PrecisionChoice:
+    """Make ``model`` run in the precision ``requested`` ("fp32", "bf16" or "auto", resolved as for training) for
+    inference (``predict``, ``evaluate``, ``embed``, ``serve``, ``pipeline``): in bf16 its forward runs under
+    autocast and every floating output comes back as fp32, so what reads the outputs (softmax, decoding, saved
+    vectors) is unchanged. Works with ``compile_in_place`` in either order. Returns the choice (to log)."""
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+    d_model = getattr(config, "d_model", None) or 256
+    choice = resolve_precision(requested, device, d_model=d_model, d_ff=getattr(config, "d_ff", None))
+    if choice.precision == "bf16":
+        forward = model.forward
+
+        def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                out = forward(*args, **kwargs)
+            return to_fp32(out)
+
+        model.forward = autocast_forward  # an instance attribute: nn.Module.__call__ (and a compiled one) calls it
+    return choice

@@ -68,6 +68,9 @@ COMPILE_HELP = ("compile the model with torch.compile (inductor): the first step
 INFERENCE_COMPILE_HELP = ("compile the model with torch.compile (inductor) before running it, as one graph with the "
                           "weights folded in: the first batches of each new shape are slower (compilation), the "
                           "later ones about twice as fast on a CPU; needs a C++ compiler on a CPU (default: off)")
+INFERENCE_PRECISION_HELP = ("run the model in fp32 (default), bf16 (autocast: matrix products in bf16, outputs back "
+                            "in fp32; fast where the CPU has AVX512_BF16 or AMX, emulated and slow elsewhere) or "
+                            "auto (bf16 only where it measures faster here)")
 RUNTIME_HELP = ("what runs the model: torch (default), or onnx: ONNX Runtime, from the folder's onnx/ graph "
                 "(make one with lmforge convert --to-onnx; a task head still runs in PyTorch; needs the "
                 "lmforge[onnx] extra)")
@@ -78,6 +81,10 @@ def check_runtime_options(args: Any) -> None:
     if getattr(args, "compile", False) and getattr(args, "runtime", "torch") != "torch":
         raise LmforgeError(f"--compile and --runtime {args.runtime} exclude each other: --compile compiles the "
                            "PyTorch model, which ONNX Runtime replaces; give one")
+    if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "runtime", "torch") != "torch":
+        raise LmforgeError(f"--precision {args.precision} and --runtime {args.runtime} exclude each other: the "
+                           "precision is PyTorch's autocast; an ONNX graph runs as exported (fp32, or int8 with "
+                           "convert --to-onnx --quantize int8)")
 
 
 _TORCH_LOGGER = "torch._dynamo.convert_frame"  # where TorchDynamo reports a function that hit the recompile limit
