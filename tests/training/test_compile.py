@@ -293,3 +293,25 @@ def test_predict_and_evaluate_with_compile_give_the_same_answers(finetuned, tmp_
         outputs[f"m{len(flag)}"] = json.loads(metrics.read_text(encoding="utf-8"))
     assert [r["label"] for r in outputs[1]] == [r["label"] for r in outputs[0]] and outputs[0]
     assert outputs["m1"]["accuracy"] == outputs["m0"]["accuracy"]
+
+
+def test_inductor_compiled_bf16_predictions_match_uncompiled_bf16(finetuned, tmp_path, monkeypatch):
+    """``predict --compile --precision bf16`` with the real backend: the frozen graph holds the autocast's bf16
+    products and gives the uncompiled bf16 model's probabilities (bf16 rounding apart)."""
+    import json
+
+    if compiling.find_cxx() is None:
+        pytest.skip(f"no C++ compiler ({', '.join(compiling.cxx_candidates())}) for torch.compile's inductor backend")
+    from lmforge.cli import main
+
+    monkeypatch.delenv(BACKEND_ENV)  # inductor
+    run, _, dev = finetuned("sequence")
+    rows = {}
+    for flag in ([], ["--compile"]):
+        out = tmp_path / f"p{len(flag)}.jsonl"
+        assert main(["-q", "predict", "--model", str(run), "--input", str(dev), "--out", str(out), "--precision",
+                     "bf16", *flag]) == 0
+        rows[len(flag)] = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows[0]) == len(rows[1]) > 0
+    for a, b in zip(rows[0], rows[1], strict=True):
+        assert b["probabilities"] == pytest.approx(a["probabilities"], abs=0.02)
