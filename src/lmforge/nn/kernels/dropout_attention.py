@@ -77,6 +77,12 @@ class _DropoutAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: Tensor):  # type: ignore[override]
+        # in the forward's dtypes: a backward called inside an autocast region must not recast the products
+        with torch.autocast(dout.device.type, enabled=False):
+            return _DropoutAttention._backward(ctx, dout)
+
+    @staticmethod
+    def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
         qs, k, v, probs, mask, out = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(qs), torch.empty_like(k), torch.empty_like(v)
