@@ -99,10 +99,11 @@ class ServedModel:
                                  f"its tokenizer ({CONFIG_NAME} alone is not enough to serve it)")
         self.precision = "fp32"
         if precision != "fp32" and self.backbone is not None:  # /generate's decoding loop keeps fp32
-            from lmforge.training.precision import autocast_inference
+            from lmforge.training.precision import autocast_forward, autocast_inference
 
-            for module in {id(m): m for m in (self.model, self.backbone)}.values():
-                choice = autocast_inference(module, precision)
+            choice = autocast_inference(self.model, precision)  # resolved once ("auto" measures once)
+            if choice.precision == "bf16" and self.backbone is not self.model:
+                autocast_forward(self.backbone)  # /embed calls the encoder directly
             self.precision = choice.precision
             log.info("--precision %s: %s (%s)", precision, choice.precision, choice.reason)
         self.n_hidden_states = self._count_hidden_states() if self.backbone is not None else 0
@@ -437,12 +438,9 @@ def create_app(model_dir: str | Path, *, max_batch: int = 32, max_length: int = 
                         max_new_tokens=max_new_tokens)
     except ValueError as err:
         raise LmforgeError(str(err)) from None
-    if compile and runtime != "torch":
-        raise LmforgeError(f"--compile and --runtime {runtime} exclude each other: --compile compiles the PyTorch "
-                           "model, which ONNX Runtime replaces; give one")
-    if precision != "fp32" and runtime != "torch":
-        raise LmforgeError(f"--precision {precision} and --runtime {runtime} exclude each other: the precision is "
-                           "PyTorch's autocast; an ONNX graph runs as exported")
+    from lmforge.utils.compiling import check_inference_options
+
+    check_inference_options(compile=compile, runtime=runtime, precision=precision)
     served = ServedModel(model_dir, limits, max_batch=max_batch, device=device, compile=compile, runtime=runtime,
                          precision=precision)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmforge-model")

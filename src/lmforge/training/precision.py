@@ -112,12 +112,20 @@ def autocast_inference(model: nn.Module, requested: str) -> PrecisionChoice:
     d_model = getattr(config, "d_model", None) or 256
     choice = resolve_precision(requested, device, d_model=d_model, d_ff=getattr(config, "d_ff", None))
     if choice.precision == "bf16":
-        forward = model.forward
-
-        def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                out = forward(*args, **kwargs)
-            return to_fp32(out)
-
-        model.forward = autocast_forward  # an instance attribute: nn.Module.__call__ (and a compiled one) calls it
+        autocast_forward(model)
     return choice
+
+
+def autocast_forward(model: nn.Module) -> None:
+    """Run ``model``'s forward under bf16 autocast (on its device) with its floating outputs back in fp32: the
+    wrapping ``autocast_inference`` applies once the precision is resolved."""
+    param = next(model.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    forward = model.forward
+
+    def bf16_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            out = forward(*args, **kwargs)
+        return to_fp32(out)
+
+    model.forward = bf16_forward  # an instance attribute: nn.Module.__call__ (and a compiled one) calls it

@@ -77,14 +77,21 @@ RUNTIME_HELP = ("what runs the model: torch (default), or onnx: ONNX Runtime, fr
 
 
 def check_runtime_options(args: Any) -> None:
-    """``--compile`` compiles PyTorch's model: with ``--runtime onnx`` ONNX Runtime runs it instead."""
-    if getattr(args, "compile", False) and getattr(args, "runtime", "torch") != "torch":
-        raise LmforgeError(f"--compile and --runtime {args.runtime} exclude each other: --compile compiles the "
-                           "PyTorch model, which ONNX Runtime replaces; give one")
-    if getattr(args, "precision", "fp32") != "fp32" and getattr(args, "runtime", "torch") != "torch":
-        raise LmforgeError(f"--precision {args.precision} and --runtime {args.runtime} exclude each other: the "
-                           "precision is PyTorch's autocast; an ONNX graph runs as exported (fp32, or int8 with "
-                           "convert --to-onnx --quantize int8)")
+    """``check_inference_options`` on a command's parsed arguments."""
+    check_inference_options(compile=getattr(args, "compile", False), runtime=getattr(args, "runtime", "torch"),
+                            precision=getattr(args, "precision", "fp32"))
+
+
+def check_inference_options(*, compile: bool, runtime: str, precision: str = "fp32") -> None:
+    """``--compile`` and ``--precision`` act on PyTorch's model: with ``--runtime onnx`` ONNX Runtime runs it
+    instead, as exported."""
+    if compile and runtime != "torch":
+        raise LmforgeError(f"--compile and --runtime {runtime} exclude each other: --compile compiles the PyTorch "
+                           "model, which ONNX Runtime replaces; give one")
+    if precision != "fp32" and runtime != "torch":
+        raise LmforgeError(f"--precision {precision} and --runtime {runtime} exclude each other: the precision is "
+                           "PyTorch's autocast; an ONNX graph runs as exported (fp32, or int8 with convert --to-onnx "
+                           "--quantize int8)")
 
 
 _TORCH_LOGGER = "torch._dynamo.convert_frame"  # where TorchDynamo reports a function that hit the recompile limit
@@ -194,10 +201,9 @@ def compile_in_place(model: nn.Module, *, backend: str | None = None, dynamic: b
     check_compile(param.device if param is not None else "cpu", backend)
     _configure(backend, training=False)
     compiled = torch.compile(model._call_impl, backend=backend, dynamic=dynamic)
+    import torch._inductor.config
 
     def call_one_graph(*args: Any, **kwargs: Any) -> Any:
-        import torch._inductor.config
-
         # freezing is read while TorchDynamo traces (the weights become graph constants), not only by inductor:
         # torch.compile(options=) would come too late, so it is set around the call, for this model's graphs only
         with one_graph_capture(), torch._inductor.config.patch(freezing=backend == "inductor"):
