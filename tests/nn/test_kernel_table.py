@@ -32,6 +32,13 @@ def _dropout_attention() -> Case:
     return (q, k, v, mask, 0.25), [q, k, v], False
 
 
+def _lowp_attention() -> Case:
+    q, k, v = (_leaf(3, 2, 5, 4, seed=s) for s in (12, 13, 14))  # (B, H, T, Dh)
+    mask = torch.ones(3, 1, 5, 5, dtype=torch.bool).tril()  # causal, with a sequence of padding only
+    mask[2] = False
+    return (q, k, v, mask), [q, k, v], False
+
+
 def _few_rows() -> Case:
     g = torch.Generator().manual_seed(4)
     x, weight = torch.randn(3, 8, generator=g), torch.randn(50, 8, generator=g)  # inference only: no gradient
@@ -62,6 +69,7 @@ def _tied_embedding() -> Case:
 CASES: dict[str, Callable[[], Case]] = {
     "packed_dropout": _packed_dropout,
     "dropout_attention": _dropout_attention,
+    "lowp_attention": _lowp_attention,
     "few_rows": _few_rows,
     "packing": _packing,
     "linear_ce": _linear_ce,

@@ -23,6 +23,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.capture import capturing, exporting, one_graph
 from lmforge.nn.generic_attention import Attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
+from lmforge.nn.kernels.lowp_attention import LOW_PRECISION, lowp_attention, lowp_pays
 from lmforge.nn.kernels.packed_dropout import dropout, scales_in_mask
 from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kv_cache import KVCache
@@ -146,6 +147,10 @@ def sdpa_attention(
         # (which would cast the products back); 1.4x torch's bf16 math path forward + backward at bert-base's shape
         with torch.autocast(q.device.type, enabled=False):
             return kernel(q.float(), k.float(), v.float(), folded, dropout_p, scale).to(q.dtype)
+    if q.device.type == "cpu" and q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
+        # bf16 / fp16 (autocast) on a CPU: torch's flash kernel is slow there (its backward above all); the scores
+        # in fp32 in cache-sized chunks, to the flash kernel's precision (lmforge.nn.kernels.lowp_attention)
+        return lowp_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale)
     if mask is None and (not is_causal or T == S):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = _fold_causal(mask, is_causal, T, S, q.device)

@@ -1,4 +1,4 @@
-"""Facts about the CPU this process runs on, read once: the last-level cache size and native bf16 arithmetic.
+"""Facts about the CPU this process runs on, read once: the cache sizes and native bf16 arithmetic.
 
 Kept here, below every model module, so that the kernels that size their chunks to the cache
 (``lmforge.nn.kernels.linear_ce``, ``lmforge.nn.kernels.packed_dropout``) and the training code that picks a precision
@@ -15,18 +15,33 @@ import torch
 FALLBACK_CACHE_BYTES = 16 * 2**20  # where the cache size cannot be read (not Linux)
 
 
+FALLBACK_L2_BYTES = 2**20  # where the level-2 cache cannot be read
+
+
+def _cache_sizes() -> dict[int, int]:
+    """{cache level: the largest size at that level} of cpu0 as Linux reports it (sysfs); {} where unreadable."""
+    sizes: dict[int, int] = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text(encoding="ascii").strip().upper()
+            level = int((index / "level").read_text(encoding="ascii").strip())
+            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes[level] = max(sizes.get(level, 0), int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    return sizes
+
+
 @functools.lru_cache(maxsize=1)
 def last_level_cache_bytes() -> int:
     """The largest CPU cache of cpu0 as Linux reports it (sysfs), else ``FALLBACK_CACHE_BYTES``."""
-    best = 0
-    for size_file in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = size_file.read_text(encoding="ascii").strip().upper()
-            scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            best = max(best, int(text.rstrip("KMG")) * scale)
-        except (OSError, ValueError):
-            continue
-    return best or FALLBACK_CACHE_BYTES
+    return max(_cache_sizes().values(), default=0) or FALLBACK_CACHE_BYTES
+
+
+@functools.lru_cache(maxsize=1)
+def l2_cache_bytes() -> int:
+    """cpu0's level-2 cache (one core's own on current x86 CPUs), else ``FALLBACK_L2_BYTES``."""
+    return _cache_sizes().get(2, 0) or FALLBACK_L2_BYTES
 
 
 def native_cpu_bf16() -> bool | None:

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
 from lmforge.nn.kernels.few_rows import plain_project_rows, project_rows
 from lmforge.nn.kernels.linear_ce import linear_cross_entropy, plain_linear_cross_entropy
+from lmforge.nn.kernels.lowp_attention import lowp_attention, plain_lowp_attention
 from lmforge.nn.kernels.packed_dropout import dropout, plain_dropout
 from lmforge.nn.kernels.packing import packed_tokenwise, padded_tokenwise
 from lmforge.nn.kernels.tied_embedding import plain_tied_logits, tied_logits
@@ -45,6 +46,9 @@ KERNEL_TABLE: dict[str, Kernel] = {
     "dropout_attention": Kernel(
         dropout_attention, plain_dropout_attention,
         "attention with dropout on its weights, in cache-sized row chunks, softmax's backward from the output"),
+    "lowp_attention": Kernel(
+        lowp_attention, plain_lowp_attention,
+        "attention without dropout for bf16 / fp16 operands: fp32 scores in cache-sized row chunks (issue 39)"),
     "few_rows": Kernel(
         project_rows, plain_project_rows,
         "a decoding step's few-row vocabulary projection: the faster of F.linear and W @ x^T, timed once per shape"),

@@ -25,7 +25,7 @@ from lmforge.nn.capture import capturing
 from lmforge.nn.kernels.packed_dropout import scaled_keep_mask
 from lmforge.utils.hardware import last_level_cache_bytes
 
-__all__ = ["ATTENTION_CACHE_SHARE", "dropout_attention", "plain_dropout_attention"]
+__all__ = ["ATTENTION_CACHE_SHARE", "attention_bias", "dropout_attention", "plain_dropout_attention"]
 
 ATTENTION_CACHE_SHARE = 0.25  # of the last-level cache, for one chunk's (T, S) scores, mask and gradient
 _CACHE_BYTES = last_level_cache_bytes()  # read once (sysfs): a constant to torch.compile, not a graph break
@@ -97,6 +97,35 @@ class _DropoutAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
+def attention_bias(mask: Tensor | None, B: int, H: int, T: int, S: int, dtype: torch.dtype, device: torch.device
+                   ) -> tuple[Tensor | None, Tensor | None, int]:
+    """A bool attention mask as the chunked kernels add it: (bias, row_valid, heads).
+
+    Args:
+        mask: bool broadcastable to (B, H, T, S), True = may attend; or None.
+
+    Returns:
+        bias: (1 | B | B*H, 1, T|1, S) of ``dtype``, 0 where a key may be attended and the dtype's minimum where
+            not; None without a mask.
+        row_valid: (B*H, T, 1) 1 for a query row with some key to attend to, 0 for one without; None when every
+            row has one (a host sync; compiled, always built).
+        heads: how many consecutive (B*H) rows share one row of ``bias`` (H, or 1 for per-head masks).
+    """
+    if mask is None:
+        return None, None, H
+    heads = H
+    mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S)
+    if mask.shape[1] != 1:  # per-head masks: one bias per (sequence, head)
+        mask, heads = mask.expand(B, H, T, S).reshape(B * H, 1, T, S), 1
+    bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, torch.finfo(dtype).min)
+    valid = mask.any(-1, keepdim=True)  # (B|1|B*H, 1, T|1, 1)
+    row_valid = None
+    if capturing() or not bool(valid.all()):  # compiled: no host sync, the product fuses
+        rows = B * H // heads
+        row_valid = valid.to(dtype).expand(rows, heads, T, 1).reshape(B * H, T, 1)
+    return bias, row_valid, heads
+
+
 def dropout_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: float,
                       scale: float | None = None, chunk: int | None = None) -> Tensor:
     """softmax(q k^T * scale, masked) with dropout ``p`` on the weights, times v (the packed mask; see the module
@@ -116,17 +145,7 @@ def dropout_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, p: f
     B, H, T, Dh = q.shape
     S = k.shape[-2]
     scale = Dh ** -0.5 if scale is None else scale
-    bias = row_valid = None
-    heads = H
-    if mask is not None:
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S)
-        if mask.shape[1] != 1:  # per-head masks: one bias per (sequence, head)
-            mask, heads = mask.expand(B, H, T, S).reshape(B * H, 1, T, S), 1
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
-        valid = mask.any(-1, keepdim=True)  # (B|1|B*H, 1, T|1, 1)
-        if capturing() or not bool(valid.all()):  # compiled: no host sync, the product fuses
-            rows = B * H // heads
-            row_valid = valid.to(q.dtype).expand(rows, heads, T, 1).reshape(B * H, T, 1)
+    bias, row_valid, heads = attention_bias(mask, B, H, T, S, q.dtype, q.device)
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of (batch x head) rows; got {chunk}")
     chunk = _attention_chunk(B * H, T, S, heads, q.element_size()) if chunk is None else chunk
