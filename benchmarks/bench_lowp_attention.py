@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from common import markdown_table, print_machine, reproduce_command
-
 from lmforge.nn.kernels.lowp_attention import lowp_attention
 
 lowp_module = importlib.import_module("lmforge.nn.kernels.lowp_attention")
