@@ -1,4 +1,4 @@
-"""``lmforge.nn.kernels.lowp_attention``: attention without dropout for bf16 / fp16 operands on a CPU (issue 39).
+"""``lmforge.nn.kernels.lowp_attention``: attention without dropout for bf16 operands on a CPU (issue 39).
 
 Exact against its written-out reference in fp64 (every chunking, masks with padding, causal, per-head and empty rows);
 in bf16 as close to the exact fp64 attention as torch's own flash kernel is; and what ``sdpa_attention`` dispatches."""

@@ -148,7 +148,7 @@ def sdpa_attention(
         with torch.autocast(q.device.type, enabled=False):
             return kernel(q.float(), k.float(), v.float(), folded, dropout_p, scale).to(q.dtype)
     if q.device.type == "cpu" and q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
-        # bf16 / fp16 (autocast) on a CPU: torch's flash kernel is slow there (its backward above all); the scores
+        # bf16 (autocast) on a CPU: torch's flash kernel is slow there (its backward above all); the scores
         # in fp32 in cache-sized chunks, to the flash kernel's precision (lmforge.nn.kernels.lowp_attention)
         return lowp_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale)
     if mask is None and (not is_causal or T == S):

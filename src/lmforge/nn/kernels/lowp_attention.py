@@ -1,4 +1,4 @@
-"""Attention without dropout for bf16 / fp16 operands on a CPU: the scores and the softmax in fp32, in row chunks.
+"""Attention without dropout for bf16 operands on a CPU: the scores and the softmax in fp32, in row chunks.
 
 Shape legend: B batch, H heads, T queries, S keys, Dh head dim; N = B x H rows of (T, S) weights.
 
@@ -11,8 +11,8 @@ attention's identity sum_j dP_ij P_ij = dO_i . O_i) with dP, dq and dk in fp32. 
 fp32 (T, S) scores, weights and gradient stay near the core's level-2 cache. Forward + backward: 2.0-2.6x the bf16
 flash kernel at (32, 4, 64, 64), (8, 12, 128, 64) and (16, 4, 128, 64); forward alone (inference) 1.8-2.4x.
 
-``lmforge.nn.attention.sdpa_attention`` calls it for bf16 / fp16 operands on a CPU without dropout, outside
-``torch.compile`` and export. With dropout, ``lmforge.nn.kernels.dropout_attention`` runs in fp32 instead.
+``lmforge.nn.attention.sdpa_attention`` calls it for bf16 operands on a CPU without dropout, outside ``torch.compile``
+and export (the kernel takes any floating dtype; fp16 on a CPU was not measured and keeps torch's kernel). With dropout, ``lmforge.nn.kernels.dropout_attention`` runs in fp32 instead.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from lmforge.utils.hardware import l2_cache_bytes
 __all__ = ["LOWP_CACHE_MULTIPLE", "LOWP_MAX_SCORES", "LOWP_MAX_TRAIN_SCORES", "LOW_PRECISION", "lowp_attention",
            "lowp_pays", "plain_lowp_attention"]
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
+LOW_PRECISION = (torch.bfloat16,)  # the operand dtypes sdpa_attention sends here (measured)
 # the largest (T x S) scores per row for which the chunks beat torch's bf16 flash kernel (measured, one thread, AMD
 # EPYC): with gradients 2.2-3.1x at T = S <= 128, 1.3-1.4x at 256, level at 512, 0.77x at 1,024 (the flash kernel
 # never holds the (T, S) weights); forward alone 1.4-1.5x from 64 to 512
@@ -116,7 +116,7 @@ class _LowpAttention(torch.autograd.Function):
 
 def lowp_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None,
                    chunk: int | None = None) -> Tensor:
-    """softmax(q k^T * scale, masked) v for bf16 / fp16 operands: the scores and the softmax in fp32, the weights
+    """softmax(q k^T * scale, masked) v for low-precision operands: the scores and the softmax in fp32, the weights
     times v in the operands' dtype; rows with no key to attend to give zeros (see the module docstring).
 
     Args:
