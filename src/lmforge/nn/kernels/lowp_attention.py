@@ -12,7 +12,8 @@ fp32 (T, S) scores, weights and gradient stay near the core's level-2 cache. For
 flash kernel at (32, 4, 64, 64), (8, 12, 128, 64) and (16, 4, 128, 64); forward alone (inference) 1.8-2.4x.
 
 ``lmforge.nn.attention.sdpa_attention`` calls it for bf16 operands on a CPU without dropout, outside ``torch.compile``
-and export (the kernel takes any floating dtype; fp16 on a CPU was not measured and keeps torch's kernel). With dropout, ``lmforge.nn.kernels.dropout_attention`` runs in fp32 instead.
+and export (the kernel takes any floating dtype; fp16 on a CPU was not measured and keeps torch's kernel). With
+dropout, ``lmforge.nn.kernels.dropout_attention`` runs in fp32 instead.
 """
 
 from __future__ import annotations
