@@ -73,6 +73,41 @@ def test_bf16_autocast_stays_close_to_the_plain_autocast_path():
     torch.testing.assert_close(h1.grad, h2.grad, rtol=5e-2, atol=5e-2)
 
 
+def test_bf16_probabilities_keep_confident_rows_and_the_plain_paths_accuracy():
+    """bf16 autocast writes the softmax in bf16: the loss of every row stays within bf16's rounding of its exact value
+    on the same bf16 logits, a confident row (p_target ~ 1 - 1e-4, whose bf16 p_target - 1 would be 0) keeps its
+    gradient, and the number of correct predictions is the plain path's exactly."""
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(300, 32, generator=g) * 0.3
+    labels = torch.randint(0, 300, (96,), generator=g)
+    hidden = torch.randn(96, 32, generator=g)
+    hidden[:32] = weight[labels[:32]] * 12.0  # confident and right
+    hidden[32:40] = weight[(labels[32:40] + 1) % 300] * 12.0  # confident and wrong
+    labels[::7] = -100
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, correct = linear_cross_entropy(h, w, labels, chunk_rows=40)
+        logits = F.linear(hidden, weight)  # what the plain path would see: bf16 logits
+    loss.backward()
+    exact = F.cross_entropy(logits.double(), labels, ignore_index=-100, reduction="none")  # (N,) on the bf16 logits
+    assert abs(float(loss.detach()) - float(exact.sum())) <= 2 ** -9 * float(exact.sum()) + 1e-3
+    assert int(correct) == int(((logits.float().argmax(-1) == labels) & (labels != -100)).sum())
+    probs = logits.double().softmax(-1)
+    rows = torch.arange(96)
+    confident = (probs[rows, labels.clamp(min=0)] > 1 - 1e-2) & (labels != -100)
+    assert int(confident.sum()) >= 10
+    want = probs.clone()
+    want[rows, labels.clamp(min=0)] -= 1.0
+    want[labels == -100] = 0.0
+    want_h = want @ weight.bfloat16().double()  # dL/dh through the bf16 weight
+    got = h.grad.double()
+    # row by row, relative to the row's own size: a confident row's gradient is small, and without the target's
+    # -(1 - p_t) (rounded away by a bf16 p_t - 1) it would point elsewhere
+    errors = (got - want_h).norm(dim=-1) / want_h.norm(dim=-1).clamp(min=1e-12)
+    assert float(errors[labels != -100].max()) < 0.05
+    assert float(got[labels == -100].abs().max()) == 0.0
+
+
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"hidden \(N, D\), weight \(V, D\) and labels \(N,\)"):
         linear_cross_entropy(torch.randn(4, 3), torch.randn(5, 2), torch.zeros(4, dtype=torch.long))
