@@ -14,7 +14,8 @@ each shape, one attention call (forward + backward, and forward alone) for:
 Sides alternate in rounds (median of each), one thread. The error columns are the relative L2 error of the output
 and of dq against fp64 attention on the same inputs. ``--step`` also times the bert-mini pretraining step of the
 small-budget recipe (``configs/bert-mini-small-budget.toml``'s model: pre-LN, rotary, untied, 32 x 64, MLM 40%,
-bf16 autocast) with the kernel and with torch's flash kernel in its place, alternating.
+bf16 autocast) with the kernel and with torch's flash kernel in its place, alternating. With dropout (0.1), the kernel
+is timed against the earlier bf16 path: ``dropout_attention`` on fp32 copies of q, k and v.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_lowp_attention.py [--rounds 5] [--step]
 """
@@ -130,6 +131,37 @@ def bench_shapes(rounds: int) -> None:
                           "vs flash bf16", "out error", "dq error"], rows, align="llrrrrrr"))
 
 
+def bench_dropout(rounds: int) -> None:
+    """bf16 attention with dropout 0.1, forward + backward: lowp_attention against the earlier bf16 path,
+    ``dropout_attention`` on fp32 copies of q, k and v with autocast off."""
+    from lmforge.nn.kernels.dropout_attention import dropout_attention
+
+    def fp32_copies(q, k, v, mask):
+        return dropout_attention(q.float(), k.float(), v.float(), mask, 0.1).to(q.dtype)
+
+    def lowp(q, k, v, mask):
+        return lowp_attention(q, k, v, mask, dropout_p=0.1)
+
+    rows = []
+    for (B, H, T, Dh, kind), label in SHAPES[:4]:
+        torch.manual_seed(0)
+        mask = make_mask(B, T, kind)
+        inputs = [torch.randn(B, H, T, Dh).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+        cotangent = torch.randn(B, H, T, Dh).to(torch.bfloat16)
+        fns = {"fp32 copies": fp32_copies, "lowp": lowp}
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(2):
+            for fn in fns.values():
+                time_call(lambda *x, f=fn, m=mask: f(*x, m), inputs, cotangent, True)
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(time_call(lambda *x, f=fn, m=mask: f(*x, m), inputs, cotangent, True))
+        old, new = (1000 * statistics.median(times[n]) for n in fns)
+        rows.append([label, f"{old:.2f}", f"{new:.2f}", f"{old / new:.2f}x"])
+    print(markdown_table(["bf16, dropout 0.1, fwd + bwd", "dropout_attention on fp32 copies ms", "lowp ms",
+                          "speed-up"], rows, align="lrrr"))
+
+
 def bench_step(rounds: int) -> None:
     """The recipe's pretraining step (bert-mini-budget, 32 x 64, MLM 40%, bf16 autocast, AdamW) with and without
     lowp_attention, alternating."""
@@ -189,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch threads: {torch.get_num_threads()}\n")
     if not args.no_shapes:
         bench_shapes(args.rounds)
+        print()
+        bench_dropout(args.rounds)
         print()
     if args.step:
         bench_step(args.rounds)

@@ -89,7 +89,7 @@ def test_bf16_is_as_close_to_exact_attention_as_torchs_flash_kernel(kind):
         assert ours_err < coarse_err
 
 
-def test_sdpa_attention_takes_it_for_low_precision_on_a_cpu_without_dropout(monkeypatch):
+def test_sdpa_attention_takes_it_for_bf16_on_a_cpu_within_the_measured_sizes(monkeypatch):
     calls = []
     real = attention.lowp_attention
     monkeypatch.setattr(attention, "lowp_attention", lambda *a, **kw: calls.append(a[0].dtype) or real(*a, **kw))
@@ -98,14 +98,17 @@ def test_sdpa_attention_takes_it_for_low_precision_on_a_cpu_without_dropout(monk
     assert calls == [torch.bfloat16] and out.dtype == torch.bfloat16
     torch.testing.assert_close(out, plain_lowp_attention(q, k, v, torch.ones(6, 6, dtype=torch.bool).tril()))
     sdpa_attention(*(t.float() for t in (q, k, v)), None, 0.0, True, None)  # fp32: torch's kernel
-    sdpa_attention(q, k, v, None, 0.1, False, None)  # dropout: the fp32 dropout kernel
+    sdpa_attention(*(t.float() for t in (q, k, v)), None, 0.1, True, None)  # fp32 with dropout: dropout_attention
     assert calls == [torch.bfloat16]
-    monkeypatch.setattr(lowp, "LOWP_MAX_TRAIN_SCORES", 35)  # beyond the measured range: torch's flash kernel
+    sdpa_attention(q, k, v, None, 0.1, False, None)  # bf16 with dropout: here too
+    assert calls == [torch.bfloat16] * 2
+    monkeypatch.setattr(lowp, "LOWP_MAX_TRAIN_SCORES", 35)  # beyond the measured range: torch's kernels
     sdpa_attention(q, k, v, None, 0.0, False, None)
-    assert calls == [torch.bfloat16]
+    sdpa_attention(q, k, v, None, 0.1, False, None)  # the fp32 dropout kernel on fp32 copies
+    assert calls == [torch.bfloat16] * 2
     with torch.no_grad():  # without gradients the larger limit applies
         sdpa_attention(q, k, v, None, 0.0, False, None)
-    assert calls == [torch.bfloat16] * 2
+    assert calls == [torch.bfloat16] * 3
 
 
 def test_under_autocast_the_backward_may_run_inside_the_region_and_inference_keeps_no_weights():
@@ -125,3 +128,32 @@ def test_under_autocast_the_backward_may_run_inside_the_region_and_inference_kee
         assert torch.equal(a, b) and a.dtype == torch.bfloat16
     with torch.no_grad():
         torch.testing.assert_close(sdpa_attention(q, k, v, mask, 0.0, False, None), out.detach())
+
+
+@pytest.mark.parametrize("chunk", [None, 2, 6])
+def test_dropout_equals_the_reference_from_the_same_generator_state(chunk):
+    """Each chunk draws its part of the packed mask in turn: with an even (T, S) per row the words split as in one
+    draw, so from the same seed the output and gradients equal the written-out reference's (fp64: exactly)."""
+    B, H, T, Dh = 3, 6, 4, 5
+    q, k, v = _qkv(B, H, T, Dh, torch.float64, seed=7)
+    mask = _masks(B, H, T)["padding and causal"]
+    cotangent = torch.randn(B, H, T, Dh, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    results = []
+    for fn in (lambda: lowp_attention(q, k, v, mask, chunk=chunk, dropout_p=0.3),
+               lambda: plain_lowp_attention(q, k, v, mask, dropout_p=0.3)):
+        torch.manual_seed(11)
+        out = fn()
+        results.append((out, *torch.autograd.grad(out, (q, k, v), cotangent)))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert float((results[0][0] - plain_lowp_attention(q, k, v, mask)).abs().max()) > 0.01  # it did drop
+
+
+def test_bf16_dropout_averages_to_attention_without_it_and_refuses_p_of_one():
+    q, k, v = _qkv(2, 2, 6, 4, torch.bfloat16, seed=9)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        mean = torch.stack([lowp_attention(q, k, v, None, dropout_p=0.2).float() for _ in range(3000)]).mean(0)
+        torch.testing.assert_close(mean, lowp_attention(q, k, v, None).float(), rtol=0.0, atol=0.05)
+    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+        lowp_attention(q, k, v, None, dropout_p=1.0)

@@ -153,9 +153,10 @@ def test_other_devices_fall_back_to_torch_dropout():
     assert dropout(x, 0.1).shape == x.shape
 
 
-def test_bf16_attention_dropout_runs_in_fp32_and_backward_may_run_inside_autocast():
-    """Under bf16 autocast, attention with dropout runs lmforge's kernel on fp32 copies (autocast off inside) and
-    returns bf16; its backward gives the same gradients whether or not it is called inside the autocast region."""
+def test_bf16_attention_dropout_returns_bf16_and_backward_may_run_inside_autocast():
+    """Under bf16 autocast, attention with dropout runs an lmforge kernel with autocast off inside (lowp_attention:
+    fp32 scores and mask; beyond its sizes, dropout_attention on fp32 copies) and returns bf16; its backward gives
+    the same gradients whether or not it is called inside the autocast region."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 6, 4, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
     mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)

@@ -143,8 +143,12 @@ def sdpa_attention(
         folded = _fold_causal(mask, is_causal, T, S, q.device)
         if scales_in_mask(q):
             return kernel(q, k, v, folded, dropout_p, scale)
-        # bf16 / fp16 (autocast): the weights in fp32, as torch's math path computes its scores, outside autocast
-        # (which would cast the products back); 1.4x torch's bf16 math path forward + backward at bert-base's shape
+        if q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
+            # bf16 (autocast): the scores, softmax and mask in fp32, the products with v in bf16; 1.23x the fp32
+            # kernel on fp32 copies below at bert-base's and gpt-mini's shapes (lmforge.nn.kernels.lowp_attention)
+            return lowp_attention(q, k, v, folded, scale, dropout_p=dropout_p)
+        # fp16, long sequences, compiled: the weights in fp32, as torch's math path computes its scores, outside
+        # autocast (which would cast the products back); 1.4x torch's bf16 math path at bert-base's shape
         with torch.autocast(q.device.type, enabled=False):
             return kernel(q.float(), k.float(), v.float(), folded, dropout_p, scale).to(q.dtype)
     if q.device.type == "cpu" and q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
