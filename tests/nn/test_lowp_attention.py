@@ -111,14 +111,20 @@ def test_sdpa_attention_takes_it_for_bf16_on_a_cpu_within_the_measured_sizes(mon
     assert calls == [torch.bfloat16] * 3
 
 
-def test_under_autocast_the_backward_may_run_inside_the_region_and_inference_keeps_no_weights():
+@pytest.mark.parametrize(("p", "limit"), [(0.0, None), (0.2, None), (0.2, 0)])
+def test_under_autocast_the_backward_may_run_inside_the_region(p, limit, monkeypatch):
+    """bf16 attention (this kernel; with ``limit`` 0 and dropout, ``dropout_attention`` on fp32 copies) returns bf16,
+    and its backward gives the same gradients whether or not it is called inside the autocast region."""
+    if limit is not None:
+        monkeypatch.setattr(lowp, "LOWP_MAX_TRAIN_SCORES", limit)
     q, k, v = _qkv(2, 3, 8, 4, torch.bfloat16, seed=6)
     mask = torch.ones(2, 1, 1, 8, dtype=torch.bool)
     mask[0, ..., 5:] = False
     grads = []
     for inside in (False, True):
+        torch.manual_seed(7)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = sdpa_attention(q, k, v, mask, 0.0, False, None)
+            out = sdpa_attention(q, k, v, mask, p, False, None)
             if inside:
                 grads.append(torch.autograd.grad(out.float().sum(), (q, k, v)))
         if not inside:
@@ -126,8 +132,9 @@ def test_under_autocast_the_backward_may_run_inside_the_region_and_inference_kee
         assert out.dtype == torch.bfloat16
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b) and a.dtype == torch.bfloat16
-    with torch.no_grad():
-        torch.testing.assert_close(sdpa_attention(q, k, v, mask, 0.0, False, None), out.detach())
+    if p == 0.0:
+        with torch.no_grad():  # inference keeps no weights and gives the same output
+            torch.testing.assert_close(sdpa_attention(q, k, v, mask, 0.0, False, None), out.detach())
 
 
 @pytest.mark.parametrize("chunk", [None, 2, 6])

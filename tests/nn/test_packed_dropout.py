@@ -151,25 +151,3 @@ def test_other_devices_fall_back_to_torch_dropout():
     x = torch.ones(3, 4, device="meta")
     assert not uses_packed_masks(x)
     assert dropout(x, 0.1).shape == x.shape
-
-
-def test_bf16_attention_dropout_returns_bf16_and_backward_may_run_inside_autocast():
-    """Under bf16 autocast, attention with dropout runs an lmforge kernel with autocast off inside (lowp_attention:
-    fp32 scores and mask; beyond its sizes, dropout_attention on fp32 copies) and returns bf16; its backward gives
-    the same gradients whether or not it is called inside the autocast region."""
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 2, 6, 4, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
-    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
-    mask[1, ..., 4:] = False
-    grads = []
-    for inside in (False, True):
-        torch.manual_seed(7)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = sdpa_attention(q, k, v, mask, 0.2, False, None)
-            if inside:
-                grads.append(torch.autograd.grad(out.float().sum(), (q, k, v)))
-        if not inside:
-            grads.append(torch.autograd.grad(out.float().sum(), (q, k, v)))
-        assert out.dtype == torch.bfloat16
-    for a, b in zip(*grads, strict=True):
-        assert torch.equal(a, b)

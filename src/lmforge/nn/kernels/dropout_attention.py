@@ -18,6 +18,10 @@ casts the output back: 1.4x torch's bf16 math path, forward + backward, at (8, 1
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -25,7 +29,7 @@ from lmforge.nn.capture import capturing
 from lmforge.nn.kernels.packed_dropout import scaled_keep_mask
 from lmforge.utils.hardware import last_level_cache_bytes
 
-__all__ = ["ATTENTION_CACHE_SHARE", "attention_bias", "dropout_attention", "plain_dropout_attention"]
+__all__ = ["ATTENTION_CACHE_SHARE", "attention_bias", "autocast_off", "dropout_attention", "plain_dropout_attention"]
 
 ATTENTION_CACHE_SHARE = 0.25  # of the last-level cache, for one chunk's (T, S) scores, mask and gradient
 _CACHE_BYTES = last_level_cache_bytes()  # read once (sysfs): a constant to torch.compile, not a graph break
@@ -37,6 +41,16 @@ def _attention_chunk(rows: int, T: int, S: int, heads: int, itemsize: int) -> in
     per_row = 3 * T * S * itemsize
     fit = int(ATTENTION_CACHE_SHARE * _CACHE_BYTES) // max(per_row, 1)
     return min(rows, max(heads, fit // heads * heads))
+
+
+def autocast_off(backward: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an autograd Function's ``backward`` with autocast off, in the forward's dtypes: a backward called inside
+    an autocast region must not recast its products."""
+    @functools.wraps(backward)
+    def wrapped(ctx: Any, *grads: Tensor) -> Any:
+        with torch.autocast(grads[0].device.type, enabled=False):
+            return backward(ctx, *grads)
+    return wrapped
 
 
 class _DropoutAttention(torch.autograd.Function):
@@ -76,13 +90,8 @@ class _DropoutAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout: Tensor):  # type: ignore[override]
-        # in the forward's dtypes: a backward called inside an autocast region must not recast the products
-        with torch.autocast(dout.device.type, enabled=False):
-            return _DropoutAttention._backward(ctx, dout)
-
-    @staticmethod
-    def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
+    @autocast_off
+    def backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         qs, k, v, probs, mask, out = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = torch.empty_like(qs), torch.empty_like(k), torch.empty_like(v)

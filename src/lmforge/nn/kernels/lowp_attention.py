@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lmforge.nn.kernels.dropout_attention import attention_bias
+from lmforge.nn.kernels.dropout_attention import attention_bias, autocast_off
 from lmforge.nn.kernels.packed_dropout import scaled_keep_mask
 from lmforge.utils.hardware import l2_cache_bytes
 
@@ -103,13 +103,8 @@ class _LowpAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, dout: Tensor):  # type: ignore[override]
-        # in the forward's dtypes: a backward called inside an autocast region must not recast the products
-        with torch.autocast(dout.device.type, enabled=False):
-            return _LowpAttention._backward(ctx, dout)
-
-    @staticmethod
-    def _backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:
+    @autocast_off
+    def backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         q, k, v, probs, masks, out = ctx.saved_tensors
         acc = probs.dtype
         dout = dout.contiguous()
