@@ -35,8 +35,8 @@ __all__ = ["LOWP_CACHE_MULTIPLE", "LOWP_MAX_SCORES", "LOWP_MAX_TRAIN_SCORES", "L
 
 LOW_PRECISION = (torch.bfloat16,)  # the operand dtypes sdpa_attention sends here (measured)
 # the largest (T x S) scores per row for which the chunks beat torch's bf16 flash kernel (measured, one thread, AMD
-# EPYC): with gradients 2.2-3.1x at T = S <= 128, 1.3-1.4x at 256, level at 512, 0.77x at 1,024 (the flash kernel
-# never holds the (T, S) weights); forward alone 1.4-1.5x from 64 to 512
+# EPYC): with gradients 1.95-2.76x at T = S <= 128, 1.15x at 256, level at 512, 0.77x at 1,024 (the flash kernel
+# never holds the (T, S) weights); forward alone 1.31-1.42x from 64 to 512
 LOWP_MAX_TRAIN_SCORES = 256 * 256
 LOWP_MAX_SCORES = 512 * 512
 LOWP_CACHE_MULTIPLE = 2  # one chunk's fp32 (T, S) scores, weights and gradient: about this many level-2 caches
