@@ -18,10 +18,13 @@ FALLBACK_CACHE_BYTES = 16 * 2**20  # where the cache size cannot be read (not Li
 FALLBACK_L2_BYTES = 2**20  # where the level-2 cache cannot be read
 
 
-def _cache_sizes() -> dict[int, int]:
+CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def _cache_sizes(root: Path = CACHE_ROOT) -> dict[int, int]:
     """{cache level: the largest size at that level} of cpu0 as Linux reports it (sysfs); {} where unreadable."""
     sizes: dict[int, int] = {}
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    for index in root.glob("index*"):
         try:
             text = (index / "size").read_text(encoding="ascii").strip().upper()
             level = int((index / "level").read_text(encoding="ascii").strip())
