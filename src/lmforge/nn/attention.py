@@ -23,7 +23,7 @@ from lmforge.errors import LmforgeError
 from lmforge.nn.capture import capturing, exporting, one_graph
 from lmforge.nn.generic_attention import Attention
 from lmforge.nn.kernels.dropout_attention import dropout_attention, plain_dropout_attention
-from lmforge.nn.kernels.lowp_attention import LOW_PRECISION, lowp_attention, lowp_pays
+from lmforge.nn.kernels.lowp_attention import lowp_attention, lowp_pays
 from lmforge.nn.kernels.packed_dropout import dropout, scales_in_mask
 from lmforge.nn.kernels.packing import Packing, ReadRows
 from lmforge.nn.kv_cache import KVCache
@@ -135,6 +135,11 @@ def sdpa_attention(
         is_causal = False
     if exporting():
         return exported_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale)
+    if not capturing() and lowp_pays(q, T, S):
+        # bf16 (autocast) on a CPU: torch's flash kernel is slow there (its backward above all), and its dropout path
+        # runs the math kernel; the scores, softmax and any dropout mask in fp32 in cache-sized chunks, the products
+        # with v in bf16, to the flash kernel's precision (lmforge.nn.kernels.lowp_attention)
+        return lowp_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale, dropout_p=dropout_p)
     if dropout_p > 0.0 and q.device.type == "cpu" and q.is_floating_point():
         # torch's CPU SDPA has no fused kernel with dropout: its math path, with a mask a third as costly
         # compiled: the same mask written out for autograd; the cache-sized chunks are Python loops over concrete
@@ -143,18 +148,11 @@ def sdpa_attention(
         folded = _fold_causal(mask, is_causal, T, S, q.device)
         if scales_in_mask(q):
             return kernel(q, k, v, folded, dropout_p, scale)
-        if q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
-            # bf16 (autocast): the scores, softmax and mask in fp32, the products with v in bf16; 1.23x the fp32
-            # kernel on fp32 copies below at bert-base's and gpt-mini's shapes (lmforge.nn.kernels.lowp_attention)
-            return lowp_attention(q, k, v, folded, scale, dropout_p=dropout_p)
-        # fp16, long sequences, compiled: the weights in fp32, as torch's math path computes its scores, outside
-        # autocast (which would cast the products back); 1.4x torch's bf16 math path at bert-base's shape
+        # fp16, bf16 beyond lowp_attention's sizes, compiled: the weights in fp32, as torch's math path computes its
+        # scores, outside autocast (which would cast the products back); 1.4x torch's bf16 math path at bert-base's
+        # shape
         with torch.autocast(q.device.type, enabled=False):
             return kernel(q.float(), k.float(), v.float(), folded, dropout_p, scale).to(q.dtype)
-    if q.device.type == "cpu" and q.dtype in LOW_PRECISION and not capturing() and lowp_pays(q, T, S):
-        # bf16 (autocast) on a CPU: torch's flash kernel is slow there (its backward above all); the scores
-        # in fp32 in cache-sized chunks, to the flash kernel's precision (lmforge.nn.kernels.lowp_attention)
-        return lowp_attention(q, k, v, _fold_causal(mask, is_causal, T, S, q.device), scale)
     if mask is None and (not is_causal or T == S):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
     mask = _fold_causal(mask, is_causal, T, S, q.device)

@@ -77,6 +77,15 @@ def _argmax_hits(scores: Tensor, picked: Tensor, target: Tensor, valid: Tensor,
     return hits.sum()
 
 
+def _exact_where_tiny(picked: Tensor, picked_p: Tensor, logits: Tensor, target: Tensor, dtype: torch.dtype) -> None:
+    """Where a picked probability is too small for its logarithm to keep ``dtype``'s precision (a confident wrong
+    prediction), set that row's log-probability in ``picked`` exactly from its logits, in place."""
+    tiny = (picked_p < torch.finfo(dtype).tiny * 1e8).nonzero().squeeze(1)  # (k,) usually empty
+    if tiny.numel():
+        exact = logits.index_select(0, tiny).to(dtype)  # (k, V)
+        picked[tiny] = exact.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(exact, dim=-1)
+
+
 def _bf16_softmax_gradient(logits: Tensor, target: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Training's per-chunk pass for bf16 logits: (p - onehot(target) in bf16, -log p_target in fp32, hits).
 
@@ -94,10 +103,7 @@ def _bf16_softmax_gradient(logits: Tensor, target: Tensor, valid: Tensor) -> tup
     p[rows, target] = 0.0
     others = p.sum(-1).float()  # (C,) sum_{j != t} p_j, accumulated in fp32, rounded once
     picked = torch.where(picked_p > 0.5, torch.log1p(-others), picked_p.log())  # (C,) log p_t
-    tiny = (picked_p < torch.finfo(torch.float32).tiny * 1e8).nonzero().squeeze(1)  # (k,) usually empty
-    if tiny.numel():  # a confident wrong prediction: its log-probability from the logits, exactly
-        exact = logits.index_select(0, tiny).float()  # (k, V)
-        picked[tiny] = exact.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(exact, dim=-1)
+    _exact_where_tiny(picked, picked_p, logits, target, torch.float32)
     p[rows, target] = (-others).to(p.dtype)  # p_t - 1, below every other entry (>= 0)
     hits = _argmax_hits(p, picked_p.to(p.dtype), target, valid, logits=logits)  # softmax keeps the order
     return p, -picked, hits
@@ -147,10 +153,7 @@ def _chunked(hidden: Tensor, weight: Tensor, labels: Tensor, chunk_rows: int, ig
                 p = torch.softmax(logits, dim=-1, dtype=score_dtype)  # (C, V)
                 picked_p = p.gather(1, target[:, None]).squeeze(1)  # (C,)
                 picked = picked_p.log()
-                tiny = (picked_p < torch.finfo(score_dtype).tiny * 1e8).nonzero().squeeze(1)  # (k,) usually empty
-                if tiny.numel():
-                    exact = logits.index_select(0, tiny).to(score_dtype)  # (k, V)
-                    picked[tiny] = exact.gather(1, target[tiny, None]).squeeze(1) - torch.logsumexp(exact, dim=-1)
+                _exact_where_tiny(picked, picked_p, logits, target, score_dtype)
                 loss = loss - (picked * valid).sum()
                 del logits
                 p[torch.arange(p.shape[0], device=p.device), target] -= 1.0  # the target's own entry now <= 0

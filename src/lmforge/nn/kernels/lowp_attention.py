@@ -44,7 +44,10 @@ _L2_BYTES = l2_cache_bytes()  # read once (sysfs)
 
 
 def lowp_pays(q: Tensor, T: int, S: int) -> bool:
-    """Whether ``lowp_attention`` beats torch's flash kernel for ``T`` queries over ``S`` keys (gradients or not)."""
+    """Whether ``lowp_attention`` beats torch's kernels for queries ``q`` (``LOW_PRECISION`` on a CPU), ``T`` of
+    them over ``S`` keys, with gradients or without."""
+    if q.device.type != "cpu" or q.dtype not in LOW_PRECISION:
+        return False
     grad = torch.is_grad_enabled() and q.requires_grad
     return T * S <= (LOWP_MAX_TRAIN_SCORES if grad else LOWP_MAX_SCORES)
 
