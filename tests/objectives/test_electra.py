@@ -66,7 +66,7 @@ def test_replaced_only_where_the_sample_differs(monkeypatch):
     n = targets.numel()
     keep = torch.arange(n) % 2 == 0  # even draws give back the original token, odd ones another
     drawn = torch.where(keep, targets, (targets - 5 + 1) % (V - 5) + 5)
-    monkeypatch.setattr(electra_heads, "sample_replacements", lambda logits: drawn)
+    monkeypatch.setattr(electra_heads, "sample_replacements", lambda logits, temperature=1.0: drawn)
     seen = {}
     model.backbone.register_forward_pre_hook(lambda module, args: seen.setdefault("ids", args[0].clone()))
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], mlm_labels=batch["mlm_labels"])

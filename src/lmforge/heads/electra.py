@@ -112,14 +112,15 @@ def generator_config(config: ModelConfig, size: float | None = None) -> ModelCon
                                embedding_size=config.d_embedding, pooler=False, generator_size=None)
 
 
-def sample_replacements(logits: Tensor) -> Tensor:
-    """One token per row drawn from softmax(logits) (temperature 1, as the paper), without gradient.
+def sample_replacements(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """One token per row drawn from softmax(logits / temperature) (1: the paper's sampling), without gradient.
 
     Uses the global torch generator, like dropout: the Trainer's checkpoints carry its state, so a resumed run draws
     the same samples.
 
     Args:
         logits: (N, V).
+        temperature: tau > 0; above 1 flattens the distribution (``ElectraLoss.temperature``'s curriculum).
 
     Returns:
         (N,) int64 token ids.
@@ -127,7 +128,10 @@ def sample_replacements(logits: Tensor) -> Tensor:
     if logits.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=logits.device)
     with torch.no_grad():
-        probs = F.softmax(logits.detach().float(), dim=-1)  # (N, V) fp32 even under bf16 autocast
+        scaled = logits.detach().float()  # (N, V) fp32 even under bf16 autocast
+        if temperature != 1.0:
+            scaled = scaled / temperature
+        probs = F.softmax(scaled, dim=-1)  # (N, V)
         return torch.multinomial(probs, 1).squeeze(-1)  # (N,)
 
 
@@ -212,7 +216,7 @@ class ElectraPreTrainingHeads(nn.Module):
         self.rtd = ReplacedTokenDetectionHead(config.d_model, config.activation, config.init_std)
 
     def forward(self, discriminator: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, mlm_labels: Tensor) -> ElectraOutput:
+                token_type_ids: Tensor | None = None, *, mlm_labels: Tensor, temperature: float = 1.0) -> ElectraOutput:
         """One ELECTRA forward pass.
 
         Args:
@@ -222,6 +226,7 @@ class ElectraPreTrainingHeads(nn.Module):
             attention_mask: (B, T) 1 = real token, 0 = padding.
             token_type_ids: (B, T) segment ids, or None.
             mlm_labels: (B, T) the original id at the masked positions, -100 elsewhere.
+            temperature: the generator's sampling temperature (1: the paper's; ``ElectraLoss.temperature``).
 
         Returns:
             ElectraOutput(rtd_logits (B, T), mlm_logits (N, V), replaced (B, T) bool, corrupted_ids (B, T)).
@@ -231,7 +236,7 @@ class ElectraPreTrainingHeads(nn.Module):
         hidden = self.generator(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                                 read_rows=selected).last_hidden_state  # (N, D_g), row-major order of the mask
         mlm_logits = self.mlm(hidden)  # (N, V)
-        sampled = sample_replacements(mlm_logits)  # (N,) no gradient: a discrete draw
+        sampled = sample_replacements(mlm_logits, temperature)  # (N,) no gradient: a discrete draw
         original = torch.where(selected, mlm_labels, input_ids)  # (B, T) the uncorrupted text
         corrupted = original.masked_scatter(selected, sampled)  # (B, T) samples in row-major order of the mask
         replaced = corrupted != original  # (B, T) a sampled original counts as original

@@ -20,6 +20,9 @@ Loss (equation 1 of the paper, summed over the batch here and divided by the Tra
 The sampling is a discrete draw, so the ``rtd`` term's gradient reaches the discriminator and the shared embeddings
 only, never the generator's layers or MLM head (tested in ``tests/objectives/test_electra.py``).
 
+Sampling temperature (``ElectraLoss.temperature``, off by default): a curriculum that draws the replacements from
+softmax(logits / tau), tau descending to 1 over the run (the Trainer reports its progress through ``set_progress``).
+
 Metrics: ``mlm_accuracy`` (the generator's argmax at the masked positions), ``rtd_accuracy`` (logit > 0 agrees with
 the label, over real tokens), ``rtd_bce`` (the unweighted mean BCE, comparable across lambdas), ``replaced_share``
 (the share of real tokens that were replaced: falls as the generator learns), ``rtd_recall`` (of the replaced tokens,
@@ -34,7 +37,7 @@ from torch import Tensor, nn
 
 from lmforge.objectives.base import ObjectiveOutput
 from lmforge.objectives.masked_lm import constant_guess_hits
-from lmforge.objectives.options import ElectraLoss  # noqa: F401  (its loss options, for importers)
+from lmforge.objectives.options import ElectraLoss
 
 IGNORE = -100
 
@@ -43,14 +46,27 @@ class ElectraObjective:
     """``objective(model, batch)`` for an ELECTRA ``TaskModel`` (see the module docstring).
 
     Args:
-        rtd_weight: lambda, the weight of the discriminator's loss (the paper's 50).
+        rtd_weight: lambda, the weight of the discriminator's loss (the paper's 50); overrides ``options``'.
+        options: the loss options (``ElectraLoss``: lambda and the sampling temperature's schedule).
     """
 
     # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
     predicted_tokens_term = "mlm"
 
-    def __init__(self, rtd_weight: float = 50.0) -> None:
-        self.rtd_weight = rtd_weight
+    def __init__(self, rtd_weight: float | None = None, options: ElectraLoss | None = None) -> None:
+        self.options = options or ElectraLoss()
+        self.rtd_weight = self.options.rtd_weight if rtd_weight is None else rtd_weight
+        self.fraction = 0.0  # the run's progress before the current update (the Trainer's set_progress)
+
+    def set_progress(self, fraction: float) -> None:
+        """Called by the Trainer before each update with the run's progress in [0, 1] (the budget's elapsed
+        fraction, or the share of max_steps): it sets the generator's sampling temperature of that update."""
+        self.fraction = fraction
+
+    @property
+    def temperature(self) -> float:
+        """The generator's sampling temperature of the current training update (1 without a schedule)."""
+        return self.options.temperature_at(self.fraction)
 
     def counts(self, batch: dict[str, Tensor]) -> dict[str, int]:
         mask = batch.get("attention_mask")
@@ -60,8 +76,11 @@ class ElectraObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         labels = batch["mlm_labels"]  # (B, T)
         mask = batch.get("attention_mask")
+        # evaluation samples at temperature 1: held-out metrics measure the paper's task whatever the schedule
+        temperature = self.temperature if model.training else 1.0
+        extra = {"temperature": temperature} if temperature != 1.0 else {}
         out = model(batch["input_ids"], attention_mask=mask, token_type_ids=batch.get("token_type_ids"),
-                    mlm_labels=labels)
+                    mlm_labels=labels, **extra)
         targets = labels[labels != IGNORE]  # (N,) row-major, the order of the generator's logits
         n = targets.numel()
         mlm_logits = out.mlm_logits.float()  # (N, V) fp32 even under bf16 autocast

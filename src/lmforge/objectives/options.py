@@ -44,15 +44,40 @@ class BiLMLoss:
 
 @dataclass
 class ElectraLoss:
-    """The loss options of objective electra (``--loss.rtd_weight``): lambda, the weight of the discriminator's
-    replaced-token-detection loss in L = L_MLM(generator) + lambda x L_disc (the paper's 50)."""
+    """The loss options of objective electra.
+
+    - ``rtd_weight`` (``--loss.rtd_weight``): lambda, the weight of the discriminator's replaced-token-detection loss
+      in L = L_MLM(generator) + lambda x L_disc (the paper's 50).
+    - ``temperature`` and ``temperature_until`` (``--loss.temperature``): the generator's samples are drawn from
+      softmax(logits / tau) with tau descending from ``temperature`` at the start of the run to 1 at the share
+      ``temperature_until`` of it (the budget's elapsed fraction, or of ``max_steps``), geometrically:
+      tau(p) = temperature ** (1 - p / temperature_until), then 1. A temperature above 1 flattens the generator's
+      distribution, so its early replacements are easier to tell from the text: a curriculum from easy to the
+      paper's task (Dong et al. 2023, "Fast-ELECTRA", smooth the auxiliary model's output by a descending
+      temperature schedule). 1 (the default) is the paper's sampling throughout. Evaluation always samples at 1,
+      so held-out metrics measure the paper's task.
+    """
 
     rtd_weight: float = 50.0
+    temperature: float = 1.0
+    temperature_until: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rtd_weight < float("inf"):  # also refuses NaN
             raise LmforgeError(f"invalid loss options: rtd_weight={self.rtd_weight} must be a finite number >= 0 "
                                "(ELECTRA's lambda: 50)")
+        if isinstance(self.temperature, bool) or not 0.0 < self.temperature < float("inf"):
+            raise LmforgeError(f"invalid loss options: temperature={self.temperature!r} must be a finite number > 0 "
+                               "(the generator's sampling temperature at the start of the run; 1: the paper's)")
+        if isinstance(self.temperature_until, bool) or not 0.0 < self.temperature_until <= 1.0:
+            raise LmforgeError(f"invalid loss options: temperature_until={self.temperature_until!r} must be in (0, 1] "
+                               "(the share of the run over which the sampling temperature descends to 1)")
+
+    def temperature_at(self, fraction: float) -> float:
+        """tau at the run's progress ``fraction`` in [0, 1] (see the class docstring)."""
+        if self.temperature == 1.0 or fraction >= self.temperature_until:
+            return 1.0
+        return float(self.temperature ** (1.0 - max(0.0, fraction) / self.temperature_until))
 
 
 @dataclass

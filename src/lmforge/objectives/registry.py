@@ -222,7 +222,7 @@ register_objective(PretrainingObjective(
 def _electra(data: Any, options: Any = None) -> Callable:
     from lmforge.objectives.electra import ElectraObjective
 
-    return ElectraObjective(rtd_weight=(options or ElectraLoss()).rtd_weight)
+    return ElectraObjective(options=options or ElectraLoss())
 
 
 # The discriminator is the backbone (what a saved run's folder loads as an encoder); the head holds the generator, which

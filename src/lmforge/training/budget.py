@@ -81,11 +81,24 @@ class RunLimit:
         ramp = self.config.batch_ramp
         if ramp <= 0.0 or full <= 1:
             return full
+        return max(1, min(full, math.ceil(full * self.fraction() / ramp)))
+
+    def fraction(self) -> float:
+        """The run's progress before the next update, in [0, 1]: the completed share of the budget, or of
+        ``max_steps`` for a step-limited run. Read from ``Progress`` alone, so the same on every process and after a
+        resume (what the batch ramp and an objective's own schedule, such as ELECTRA's sampling temperature, follow)."""
         if self.active:
-            progress = self.progress.budget_fraction or 0.0
-        else:
-            progress = self.progress.step / self.config.max_steps
-        return max(1, min(full, math.ceil(full * progress / ramp)))
+            return min(1.0, self.progress.budget_fraction or 0.0)
+        total = self.config.max_steps
+        return min(1.0, self.progress.step / total) if total else 0.0
+
+    def before_update(self, full: int, objective: Any) -> int:
+        """Before each update: the run's progress to an objective with a schedule of its own (its
+        ``set_progress(fraction)``, e.g. ELECTRA's sampling temperature), and the update's micro-batch count
+        (``accumulation``: a batch ramp grows it)."""
+        if (follow := getattr(objective, "set_progress", None)) is not None:
+            follow(self.fraction())
+        return self.accumulation(full)
 
     def bar(self) -> dict[str, Any]:
         """tqdm's ``total``, ``initial`` and ``desc``: steps, or a budget's percent."""

@@ -342,7 +342,7 @@ class Trainer:
         """One optimizer step over ``accumulation`` micro-batches; returns (loss, lr used)."""
         for callback in self.callbacks.values():
             callback.before_step(self.step)
-        micro = [self._next_batch() for _ in range(self.limit.accumulation(self.accumulation))]  # a batch ramp grows it
+        micro = [self._next_batch() for _ in range(self.limit.before_update(self.accumulation, self.objective))]
         local_counts: dict[str, float] = {}
         for batch in micro:
             for name, n in self.objective.counts(batch).items():
