@@ -1,6 +1,7 @@
-"""ELECTRA's sampling-temperature curriculum (``ElectraLoss.temperature``): the schedule by formula, the draw at a
-temperature, the Trainer handing the run's progress to the objective, evaluation at temperature 1, and a resumed run
-equal to an uninterrupted one."""
+"""ELECTRA's sampling-temperature curriculum (``ElectraLoss.temperature``): the schedule by formula (to 1 or to
+``temperature_end``), the draw at a temperature, the Trainer handing the run's progress to the objective, evaluation
+at temperature 1, a compiled model that does not recompile as tau changes, and a resumed run equal to an
+uninterrupted one."""
 
 from __future__ import annotations
 
@@ -33,6 +34,19 @@ def test_the_temperature_descends_geometrically_to_one(fraction, until):
     assert 1.0 <= options.temperature_at(fraction) <= 4.0
 
 
+@pytest.mark.parametrize(("fraction", "until"), [(0.0, 1.0), (0.5, 1.0), (0.9, 1.0), (0.25, 0.5), (0.5, 0.5),
+                                                 (0.8, 0.5), (1.0, 1.0)])
+def test_the_temperature_descends_geometrically_to_its_end_and_stays(fraction, until):
+    options = ElectraLoss(temperature=16.0, temperature_end=4.0, temperature_until=until)
+    expected = 16.0 * 0.25 ** (fraction / until) if fraction < until else 4.0  # log-linear from 16 to 4
+    assert options.temperature_at(fraction) == pytest.approx(expected, rel=1e-12)
+    assert options.scheduled
+    # a constant temperature: start = end
+    assert ElectraLoss(temperature=4.0, temperature_end=4.0).temperature_at(fraction) == pytest.approx(4.0)
+    # an end alone (start 1) is a schedule too: it rises from 1
+    assert ElectraLoss(temperature_end=2.0).temperature_at(0.5) == pytest.approx(math.sqrt(2.0))
+
+
 def test_the_default_is_the_papers_sampling_throughout():
     assert all(ElectraLoss().temperature_at(p) == 1.0 for p in (0.0, 0.3, 1.0))
     assert ElectraLoss(temperature=0.5).temperature_at(0.0) == 0.5  # below 1 sharpens, and also returns to 1
@@ -45,6 +59,8 @@ def test_the_default_is_the_papers_sampling_throughout():
     ("temperature", True, "temperature=True must be a finite number > 0"),
     ("temperature_until", 0.0, r"temperature_until=0.0 must be in \(0, 1\]"),
     ("temperature_until", 1.5, r"temperature_until=1.5 must be in \(0, 1\]"),
+    ("temperature_end", 0.0, "temperature_end=0.0 must be a finite number > 0"),
+    ("temperature_end", float("nan"), "temperature_end=nan must be a finite number > 0"),
 ])
 def test_bad_temperatures_are_clear_errors(field, value, message):
     with pytest.raises(LmforgeError, match=message):
@@ -62,6 +78,35 @@ def test_a_draw_at_a_temperature_is_softmax_of_the_scaled_logits():
     draws = sample_replacements(torch.log(torch.tensor([[0.1, 0.9]])).expand(6000, 2), 2.0)
     p = 0.9 ** 0.5 / (0.9 ** 0.5 + 0.1 ** 0.5)  # 0.75
     assert abs(draws.float().mean().item() - p) < 0.02
+    # tau as a 0-d tensor (what the objective passes) draws the same tokens as the same float
+    torch.manual_seed(7)
+    assert torch.equal(sample_replacements(logits, torch.tensor(2.5)), drawn)
+
+
+def test_a_compiled_model_does_not_recompile_as_the_temperature_changes():
+    """tau changes every update: it reaches the model as a tensor, so dynamo compiles nothing after the first update
+    (a float would cost a recompile at the first change of value, as dynamo makes it dynamic, or one per value where
+    floats are specialised)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    objective = ElectraObjective(options=ElectraLoss(temperature=8.0, temperature_end=2.0))
+    compiled = torch.compile(tiny().train(), backend="eager")
+    batch = masked_batch()
+
+    def update(fraction: float) -> None:
+        objective.set_progress(fraction)
+        loss, items = objective(compiled, batch).losses["rtd"]
+        assert torch.isfinite(loss) and items > 0
+
+    update(0.0)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0  # it did compile
+    for fraction in (0.1, 0.3, 0.7, 1.0):  # four more values of tau
+        update(fraction)
+    assert counters["stats"]["unique_graphs"] == graphs
+    torch._dynamo.reset()
 
 
 def _recording(monkeypatch) -> list[float]:
@@ -69,7 +114,7 @@ def _recording(monkeypatch) -> list[float]:
     original = electra_heads.sample_replacements
 
     def record(logits, temperature=1.0):
-        seen.append(temperature)
+        seen.append(float(temperature))
         return original(logits, temperature)
 
     monkeypatch.setattr(electra_heads, "sample_replacements", record)

@@ -112,7 +112,7 @@ def generator_config(config: ModelConfig, size: float | None = None) -> ModelCon
                                embedding_size=config.d_embedding, pooler=False, generator_size=None)
 
 
-def sample_replacements(logits: Tensor, temperature: float = 1.0) -> Tensor:
+def sample_replacements(logits: Tensor, temperature: float | Tensor = 1.0) -> Tensor:
     """One token per row drawn from softmax(logits / temperature) (1: the paper's sampling), without gradient.
 
     Uses the global torch generator, like dropout: the Trainer's checkpoints carry its state, so a resumed run draws
@@ -120,7 +120,8 @@ def sample_replacements(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
     Args:
         logits: (N, V).
-        temperature: tau > 0; above 1 flattens the distribution (``ElectraLoss.temperature``'s curriculum).
+        temperature: tau > 0, a float or a 0-d tensor (the objective's schedule passes a tensor, which a compiled
+            module does not specialise on); above 1 flattens the distribution (``ElectraLoss.temperature``).
 
     Returns:
         (N,) int64 token ids.
@@ -129,7 +130,7 @@ def sample_replacements(logits: Tensor, temperature: float = 1.0) -> Tensor:
         return torch.zeros(0, dtype=torch.long, device=logits.device)
     with torch.no_grad():
         scaled = logits.detach().float()  # (N, V) fp32 even under bf16 autocast
-        if temperature != 1.0:
+        if isinstance(temperature, Tensor) or temperature != 1.0:
             scaled = scaled / temperature
         probs = F.softmax(scaled, dim=-1)  # (N, V)
         return torch.multinomial(probs, 1).squeeze(-1)  # (N,)
@@ -216,7 +217,8 @@ class ElectraPreTrainingHeads(nn.Module):
         self.rtd = ReplacedTokenDetectionHead(config.d_model, config.activation, config.init_std)
 
     def forward(self, discriminator: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, mlm_labels: Tensor, temperature: float = 1.0) -> ElectraOutput:
+                token_type_ids: Tensor | None = None, *, mlm_labels: Tensor,
+                temperature: float | Tensor = 1.0) -> ElectraOutput:
         """One ELECTRA forward pass.
 
         Args:
@@ -226,7 +228,8 @@ class ElectraPreTrainingHeads(nn.Module):
             attention_mask: (B, T) 1 = real token, 0 = padding.
             token_type_ids: (B, T) segment ids, or None.
             mlm_labels: (B, T) the original id at the masked positions, -100 elsewhere.
-            temperature: the generator's sampling temperature (1: the paper's; ``ElectraLoss.temperature``).
+            temperature: the generator's sampling temperature, a float or a 0-d tensor (1: the paper's;
+                ``ElectraLoss.temperature``).
 
         Returns:
             ElectraOutput(rtd_logits (B, T), mlm_logits (N, V), replaced (B, T) bool, corrupted_ids (B, T)).

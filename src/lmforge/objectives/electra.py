@@ -21,7 +21,8 @@ The sampling is a discrete draw, so the ``rtd`` term's gradient reaches the disc
 only, never the generator's layers or MLM head (tested in ``tests/objectives/test_electra.py``).
 
 Sampling temperature (``ElectraLoss.temperature``, off by default): a curriculum that draws the replacements from
-softmax(logits / tau), tau descending to 1 over the run (the Trainer reports its progress through ``set_progress``).
+softmax(logits / tau), tau descending to ``temperature_end`` (1: the paper's) over the run (the Trainer reports its
+progress through ``set_progress``).
 
 Metrics: ``mlm_accuracy`` (the generator's argmax at the masked positions), ``rtd_accuracy`` (logit > 0 agrees with
 the label, over real tokens), ``rtd_bce`` (the unweighted mean BCE, comparable across lambdas), ``replaced_share``
@@ -76,9 +77,12 @@ class ElectraObjective:
     def __call__(self, model: nn.Module, batch: dict[str, Tensor]) -> ObjectiveOutput:
         labels = batch["mlm_labels"]  # (B, T)
         mask = batch.get("attention_mask")
-        # evaluation samples at temperature 1: held-out metrics measure the paper's task whatever the schedule
-        temperature = self.temperature if model.training else 1.0
-        extra = {"temperature": temperature} if temperature != 1.0 else {}
+        # evaluation samples at temperature 1: held-out metrics measure the paper's task whatever the schedule.
+        # With a schedule, tau reaches the model as a 0-d tensor on every training update (even where it is 1): a
+        # compiled module guards on a Python float's value and would recompile each update, never on a tensor's.
+        extra = {}
+        if model.training and self.options.scheduled:
+            extra["temperature"] = torch.tensor(self.temperature, dtype=torch.float32, device=labels.device)
         out = model(batch["input_ids"], attention_mask=mask, token_type_ids=batch.get("token_type_ids"),
                     mlm_labels=labels, **extra)
         targets = labels[labels != IGNORE]  # (N,) row-major, the order of the generator's logits

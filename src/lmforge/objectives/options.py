@@ -48,19 +48,21 @@ class ElectraLoss:
 
     - ``rtd_weight`` (``--loss.rtd_weight``): lambda, the weight of the discriminator's replaced-token-detection loss
       in L = L_MLM(generator) + lambda x L_disc (the paper's 50).
-    - ``temperature`` and ``temperature_until`` (``--loss.temperature``): the generator's samples are drawn from
-      softmax(logits / tau) with tau descending from ``temperature`` at the start of the run to 1 at the share
-      ``temperature_until`` of it (the budget's elapsed fraction, or of ``max_steps``), geometrically:
-      tau(p) = temperature ** (1 - p / temperature_until), then 1. A temperature above 1 flattens the generator's
-      distribution, so its early replacements are easier to tell from the text: a curriculum from easy to the
-      paper's task (Dong et al. 2023, "Fast-ELECTRA", smooth the auxiliary model's output by a descending
-      temperature schedule). 1 (the default) is the paper's sampling throughout. Evaluation always samples at 1,
-      so held-out metrics measure the paper's task.
+    - ``temperature``, ``temperature_end`` and ``temperature_until`` (``--loss.temperature``): the generator's
+      samples are drawn from softmax(logits / tau) with tau moving from ``temperature`` at the start of the run to
+      ``temperature_end`` (1: the paper's) at the share ``temperature_until`` of it (the budget's elapsed fraction,
+      or of ``max_steps``), geometrically, then staying there: with q = min(p / temperature_until, 1),
+      tau(p) = temperature ** (1 - q) * temperature_end ** q. A temperature above 1 flattens the generator's
+      distribution, so its replacements are easier to tell from the text: a curriculum from easy to the paper's
+      task (Dong et al. 2023, "Fast-ELECTRA", smooth the auxiliary model's output by a descending temperature
+      schedule); an end above 1 keeps the task easier than the paper's to the end. 1, 1 (the defaults) is the
+      paper's sampling throughout. Evaluation always samples at 1, so held-out metrics measure the paper's task.
     """
 
     rtd_weight: float = 50.0
     temperature: float = 1.0
     temperature_until: float = 1.0
+    temperature_end: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rtd_weight < float("inf"):  # also refuses NaN
@@ -71,13 +73,25 @@ class ElectraLoss:
                                "(the generator's sampling temperature at the start of the run; 1: the paper's)")
         if isinstance(self.temperature_until, bool) or not 0.0 < self.temperature_until <= 1.0:
             raise LmforgeError(f"invalid loss options: temperature_until={self.temperature_until!r} must be in (0, 1] "
-                               "(the share of the run over which the sampling temperature descends to 1)")
+                               "(the share of the run over which the sampling temperature reaches temperature_end)")
+        if isinstance(self.temperature_end, bool) or not 0.0 < self.temperature_end < float("inf"):
+            raise LmforgeError(f"invalid loss options: temperature_end={self.temperature_end!r} must be a finite "
+                               "number > 0 (the generator's sampling temperature at the end of the schedule; 1: the "
+                               "paper's)")
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the sampling temperature differs from the paper's 1 at any point of the run."""
+        return self.temperature != 1.0 or self.temperature_end != 1.0
 
     def temperature_at(self, fraction: float) -> float:
         """tau at the run's progress ``fraction`` in [0, 1] (see the class docstring)."""
-        if self.temperature == 1.0 or fraction >= self.temperature_until:
+        if not self.scheduled:
             return 1.0
-        return float(self.temperature ** (1.0 - max(0.0, fraction) / self.temperature_until))
+        if fraction >= self.temperature_until:
+            return float(self.temperature_end)
+        q = max(0.0, fraction) / self.temperature_until
+        return float(self.temperature ** (1.0 - q) * self.temperature_end ** q)
 
 
 @dataclass
