@@ -158,6 +158,7 @@ def test_an_electra_training_step_equals_the_paper_over_hugging_face_models() ->
 
     from lmforge.heads.electra import sample_replacements
     from lmforge.objectives.electra import ElectraObjective
+    from lmforge.objectives.options import ElectraLoss
 
     cfg, ours = ours_electra("electra", dropout=0.0, attention_dropout=0.0)  # both sides draw only the samples
     ours.train()
@@ -181,7 +182,7 @@ def test_an_electra_training_step_equals_the_paper_over_hugging_face_models() ->
     data = {**inputs, "input_ids": masked, "mlm_labels": labels}
 
     torch.manual_seed(5)
-    out = ElectraObjective(rtd_weight=50.0)(ours, data)
+    out = ElectraObjective(ElectraLoss(rtd_weight=50.0))(ours, data)
     loss = sum(total / items for total, items in out.losses.values())
     loss.backward()
 

@@ -18,6 +18,7 @@ from lmforge.heads import electra as electra_heads
 from lmforge.heads.electra import SHARED_EMBEDDINGS, generator_config, sample_replacements
 from lmforge.models.encoder import Encoder
 from lmforge.objectives.electra import ElectraObjective
+from lmforge.objectives.options import ElectraLoss
 from lmforge.objectives.registry import get_objective
 from lmforge.persistence import build_model, load_backbone, load_pretrained
 from tests.training.helpers import read_jsonl, without_timing
@@ -167,7 +168,7 @@ def test_the_loss_is_generator_mlm_plus_fifty_times_the_discriminator_bce():
     assert objective.counts(batch) == {k: int(n) for k, (_, n) in result.losses.items()}
     assert result.losses["rtd"][1] == int(real.sum()) and result.losses["mlm"][1] == int((labels != -100).sum())
     torch.testing.assert_close(result.metrics["rtd_bce"][0] / result.metrics["rtd_bce"][1], disc)
-    weighted = ElectraObjective(rtd_weight=2.0)
+    weighted = ElectraObjective(ElectraLoss(rtd_weight=2.0))
     torch.manual_seed(5)
     torch.testing.assert_close(weighted(model, batch).losses["rtd"][0], 2.0 * disc * int(real.sum()))
 

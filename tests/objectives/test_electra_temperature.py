@@ -130,7 +130,7 @@ def test_training_samples_at_the_scheduled_temperature_and_evaluation_at_one(mon
     objective(model.train(), batch)
     objective(model.eval(), batch)
     assert seen == [pytest.approx(math.sqrt(3.0)), 1.0]
-    assert ElectraObjective(rtd_weight=2.0, options=ElectraLoss(rtd_weight=9.0)).rtd_weight == 2.0
+    assert ElectraObjective(ElectraLoss(rtd_weight=9.0)).rtd_weight == 9.0
 
 
 def test_the_run_limit_reports_the_share_of_steps_or_of_the_budget():

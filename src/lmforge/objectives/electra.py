@@ -47,22 +47,25 @@ class ElectraObjective:
     """``objective(model, batch)`` for an ELECTRA ``TaskModel`` (see the module docstring).
 
     Args:
-        rtd_weight: lambda, the weight of the discriminator's loss (the paper's 50); overrides ``options``'.
-        options: the loss options (``ElectraLoss``: lambda and the sampling temperature's schedule).
+        options: the loss options (``ElectraLoss``: lambda, the paper's 50, and the sampling temperature's schedule).
     """
 
     # the Trainer logs this term's summed item count (the masked tokens) as ``predicted_tokens``
     predicted_tokens_term = "mlm"
 
-    def __init__(self, rtd_weight: float | None = None, options: ElectraLoss | None = None) -> None:
+    def __init__(self, options: ElectraLoss | None = None) -> None:
         self.options = options or ElectraLoss()
-        self.rtd_weight = self.options.rtd_weight if rtd_weight is None else rtd_weight
         self.fraction = 0.0  # the run's progress before the current update (the Trainer's set_progress)
 
     def set_progress(self, fraction: float) -> None:
         """Called by the Trainer before each update with the run's progress in [0, 1] (the budget's elapsed
         fraction, or the share of max_steps): it sets the generator's sampling temperature of that update."""
         self.fraction = fraction
+
+    @property
+    def rtd_weight(self) -> float:
+        """lambda, the weight of the discriminator's loss (``ElectraLoss.rtd_weight``)."""
+        return self.options.rtd_weight
 
     @property
     def temperature(self) -> float:
