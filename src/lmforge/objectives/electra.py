@@ -81,8 +81,9 @@ class ElectraObjective:
         labels = batch["mlm_labels"]  # (B, T)
         mask = batch.get("attention_mask")
         # evaluation samples at temperature 1: held-out metrics measure the paper's task whatever the schedule.
-        # With a schedule, tau reaches the model as a 0-d tensor on every training update (even where it is 1): a
-        # compiled module guards on a Python float's value and would recompile each update, never on a tensor's.
+        # With a schedule, tau reaches the model as a 0-d tensor on every training update (even where it is 1): dynamo
+        # guards on a Python float (a recompile at its first change of value in torch 2.13, one per value where floats
+        # are specialised), never on a tensor's value.
         extra = {}
         if model.training and self.options.scheduled:
             extra["temperature"] = torch.tensor(self.temperature, dtype=torch.float32, device=labels.device)

@@ -55,8 +55,9 @@ class ElectraLoss:
       tau(p) = temperature ** (1 - q) * temperature_end ** q. A temperature above 1 flattens the generator's
       distribution, so its replacements are easier to tell from the text: a curriculum from easy to the paper's
       task (Dong et al. 2023, "Fast-ELECTRA", smooth the auxiliary model's output by a descending temperature
-      schedule); an end above 1 keeps the task easier than the paper's to the end. 1, 1 (the defaults) is the
-      paper's sampling throughout. Evaluation always samples at 1, so held-out metrics measure the paper's task.
+      schedule); an end above 1 keeps the task easier than the paper's to the end (on BBC at a few CPU-minutes it
+      fine-tuned worse than ending at 1: BENCHMARKS.md, issue 36 round 13). 1, 1 (the defaults) is the paper's
+      sampling throughout. Evaluation always samples at 1, so held-out metrics measure the paper's task.
     """
 
     rtd_weight: float = 50.0
