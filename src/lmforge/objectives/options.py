@@ -42,6 +42,12 @@ class BiLMLoss:
             raise LmforgeError(f"invalid loss options: carry_states={self.carry_states!r} must be true or false")
 
 
+def _positive_finite(name: str, value: float, meaning: str) -> None:
+    """Refuse a loss option that is not a finite number > 0 (booleans and NaN included), naming it and its meaning."""
+    if isinstance(value, bool) or not 0.0 < value < float("inf"):
+        raise LmforgeError(f"invalid loss options: {name}={value!r} must be a finite number > 0 ({meaning})")
+
+
 @dataclass
 class ElectraLoss:
     """The loss options of objective electra.
@@ -69,16 +75,13 @@ class ElectraLoss:
         if not 0.0 <= self.rtd_weight < float("inf"):  # also refuses NaN
             raise LmforgeError(f"invalid loss options: rtd_weight={self.rtd_weight} must be a finite number >= 0 "
                                "(ELECTRA's lambda: 50)")
-        if isinstance(self.temperature, bool) or not 0.0 < self.temperature < float("inf"):
-            raise LmforgeError(f"invalid loss options: temperature={self.temperature!r} must be a finite number > 0 "
-                               "(the generator's sampling temperature at the start of the run; 1: the paper's)")
+        _positive_finite("temperature", self.temperature,
+                         "the generator's sampling temperature at the start of the run; 1: the paper's")
         if isinstance(self.temperature_until, bool) or not 0.0 < self.temperature_until <= 1.0:
             raise LmforgeError(f"invalid loss options: temperature_until={self.temperature_until!r} must be in (0, 1] "
                                "(the share of the run over which the sampling temperature reaches temperature_end)")
-        if isinstance(self.temperature_end, bool) or not 0.0 < self.temperature_end < float("inf"):
-            raise LmforgeError(f"invalid loss options: temperature_end={self.temperature_end!r} must be a finite "
-                               "number > 0 (the generator's sampling temperature at the end of the schedule; 1: the "
-                               "paper's)")
+        _positive_finite("temperature_end", self.temperature_end,
+                         "the generator's sampling temperature at the end of the schedule; 1: the paper's")
 
     @property
     def scheduled(self) -> bool:
